@@ -1,0 +1,30 @@
+"""The `shoal` command line. Each command lives in `shoal.commands.<name>`.
+
+Exit codes (DESIGN.md): 0 success, 2 bad input (one line, no traceback),
+1 internal error.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from shoal.commands.train import train
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Data-parallel training on heterogeneous clusters (GSSP, SIM, GDTopK, GRID).",
+)
+app.command("train")(train)
+
+
+def main() -> None:
+    """Entry point of the `shoal` script."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)

@@ -1,0 +1,1 @@
+"""CLI commands, one module each; `shoal.cli` registers them on the typer app."""

@@ -1,0 +1,84 @@
+"""`shoal train`: one training run from a config file."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from shoal.commands.common import user_errors_exit_2
+from shoal.config import load_config
+from shoal.runner import train as run_training
+
+console = Console(stderr=True)
+
+
+@user_errors_exit_2
+def train(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (defaults apply when omitted)."),
+    set_: list[str] = typer.Option([], "--set", "-s", help="Override a key: section.key=value (repeatable)."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="sim or ray (overrides backend.name)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default runs/train-<time>)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Write over an earlier run in --out."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),
+) -> None:
+    """Train a model data-parallel on a simulated or real heterogeneous cluster."""
+    overrides = list(set_) + ([f"backend.name={backend}"] if backend else [])
+    cfg = load_config(config, overrides)
+    out = out or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
+    with _progress(quiet, cfg.run.max_time_s) as update:
+        summary = run_training(cfg, out, overwrite=overwrite, progress=update)
+    if not quiet:
+        _print_summary(summary, out)
+
+
+class _progress:
+    """A rich progress bar over the time budget, fed by the backend's ticks."""
+
+    def __init__(self, quiet: bool, budget_s: float) -> None:
+        self.quiet, self.budget = quiet, budget_s
+        self.bar = Progress(
+            TextColumn("[bold]training"), BarColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+            console=console, transient=True,
+        )
+
+    def __enter__(self) -> Any:
+        if self.quiet:
+            return None
+        self.bar.start()
+        self.task = self.bar.add_task("run", total=self.budget, info="")
+        return self.update
+
+    def update(self, tick: dict[str, Any]) -> None:
+        acc = tick.get("accuracy")
+        info = f"t={tick['t']:.1f}s  iters={tick['iterations']}" + (f"  acc={acc:.4f}" if acc is not None else "")
+        self.bar.update(self.task, completed=min(tick["t"], self.budget), info=info)
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.quiet:
+            self.bar.stop()
+
+
+def _print_summary(summary: dict[str, Any], out: Path) -> None:
+    table = Table(title=f"shoal train: {summary['scheme']} on {summary['backend']} ({summary['stop_reason']})")
+    for col in ("worker", "speed", "iterations", "compute s", "wait s", "comm s"):
+        table.add_column(col, justify="right")
+    for w in summary["per_worker"]:
+        table.add_row(str(w["id"]), f"{w['speed']:g}", str(w["iterations"]), f"{w['compute_s']:.2f}",
+                      f"{w['wait_s']:.2f}", f"{w['comm_s']:.2f}")
+    out_console = Console()
+    out_console.print(table)
+    ttt = summary["time_to_target_s"]
+    acc = summary["final_accuracy"]
+    out_console.print(
+        f"final accuracy {acc if acc is None else f'{acc:.4f}'} (best {summary['best_accuracy']}), "
+        f"target {summary['target_accuracy']} reached at "
+        f"{'never' if ttt is None else f'{ttt:.2f}s'}; {summary['iterations']} iterations in "
+        f"{summary['elapsed_s']:.2f}s ({summary['backend']} time), wall {summary['wall_s']:.1f}s"
+    )
+    out_console.print(f"wrote {out}/summary.json, metrics.jsonl, config.toml")

@@ -1,0 +1,237 @@
+"""Run configuration: a pydantic schema, TOML loading and `--set` overrides.
+
+Every user-facing mistake (unknown key, wrong type, impossible value, missing
+file) becomes one ``ConfigError`` whose message names the key and the
+problem; the CLI prints that line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """Bad user input: the message is one line naming the key or file and the problem."""
+
+
+class Section(BaseModel):
+    """Base for every section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    seed: int = Field(0, description="Seeds data split, sharding, initial weights and stragglers.")
+    target_accuracy: float = Field(0.95, gt=0, le=1, description="Test accuracy that ends the run (fraction).")
+    max_time_s: float = Field(600.0, gt=0, description="Time budget: virtual seconds on sim, wall seconds on ray.")
+    max_iterations: int = Field(0, ge=0, description="Budget of total worker iterations; 0 = no limit.")
+    eval_every_s: float = Field(1.0, gt=0, description="Evaluate the model every this many (virtual) seconds.")
+    stop_at_target: bool = Field(True, description="Stop as soon as target_accuracy is reached.")
+
+
+class ModelConfig(Section):
+    name: Literal["lenet5", "mlp", "resnet18", "vgg11"] = Field("lenet5", description="Model architecture.")
+    hidden: list[int] = Field([256, 128], description="Hidden layer widths of the mlp model.")
+
+    @field_validator("hidden")
+    @classmethod
+    def _positive_widths(cls, v: list[int]) -> list[int]:
+        if not v or any(w <= 0 for w in v):
+            raise ValueError("must be a non-empty list of positive widths")
+        return v
+
+
+DATA_BUILTINS = ("mnist5k", "digits", "synthetic")
+DATA_FILE_KINDS = ("idx", "cifar10", "npz")
+
+
+class DataConfig(Section):
+    name: str = Field("mnist5k", description="mnist5k | digits | synthetic | idx:PATH | cifar10:PATH | npz:PATH")
+    batch_size: int = Field(32, gt=0, description="Mini-batch size per worker iteration.")
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="Fraction of the data held out for evaluation.")
+    synthetic_samples: int = Field(4000, gt=0, description="Number of samples of the synthetic data set.")
+
+    @field_validator("name")
+    @classmethod
+    def _known_source(cls, v: str) -> str:
+        if v in DATA_BUILTINS:
+            return v
+        kind, sep, path = v.partition(":")
+        if not sep or kind not in DATA_FILE_KINDS:
+            raise ValueError(f"unknown data set {v!r}; use one of {', '.join(DATA_BUILTINS)} or KIND:PATH with KIND in {', '.join(DATA_FILE_KINDS)}")
+        if not Path(path).expanduser().exists():
+            raise ValueError(f"path {path!r} does not exist")
+        return v
+
+
+class OptimizerConfig(Section):
+    name: Literal["sgd", "adam"] = Field("sgd", description="Server-side optimizer.")
+    lr: float = Field(0.05, gt=0, description="Learning rate.")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
+    weight_decay: float = Field(0.0, ge=0, description="L2 penalty, applied with the same 1/N weight as gradients.")
+
+
+class StragglerConfig(Section):
+    probability: float = Field(0.0, ge=0, le=1, description="Chance per iteration that a worker starts a transient slowdown.")
+    slowdown: float = Field(4.0, ge=1, description="Compute-time factor while slowed down.")
+    duration: int = Field(5, ge=1, description="Length of a slowdown in iterations.")
+
+
+class ClusterConfig(Section):
+    workers: int = Field(8, ge=1, description="Number of workers.")
+    speeds: list[float] | None = Field(None, description="Slowdown factor per worker (1.0 = fastest); overrides profile.")
+    profile: Literal["uniform", "tiers", "lognormal"] = Field("uniform", description="How speeds are drawn when `speeds` is not given.")
+    tiers: list[float] = Field([1.0, 2.0, 4.0, 8.0], description="Slowdown of each tier for profile = tiers (workers split evenly).")
+    lognormal_sigma: float = Field(0.5, gt=0, description="Spread of profile = lognormal.")
+    compute_s: float = Field(0.05, ge=0, description="Seconds per batch on the fastest worker; 0 = measure once on this machine.")
+    link_gbps: float = Field(10.0, gt=0, description="Each worker's link bandwidth (Gbit/s), both directions.")
+    latency_ms: float = Field(0.05, ge=0, description="One-way latency of every transfer (ms).")
+    server_gbps: float = Field(10.0, gt=0, description="Server ingress (and egress) bandwidth, shared by concurrent transfers.")
+    stragglers: StragglerConfig = StragglerConfig()
+
+    @field_validator("speeds")
+    @classmethod
+    def _positive_speeds(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and any(s <= 0 for s in v):
+            raise ValueError("every speed factor must be positive")
+        return v
+
+    @field_validator("tiers")
+    @classmethod
+    def _positive_tiers(cls, v: list[float]) -> list[float]:
+        if not v or any(s <= 0 for s in v):
+            raise ValueError("must be a non-empty list of positive factors")
+        return v
+
+    @model_validator(mode="after")
+    def _speeds_match_workers(self) -> "ClusterConfig":
+        if self.speeds is not None and len(self.speeds) != self.workers:
+            raise ValueError(f"speeds has {len(self.speeds)} entries but workers = {self.workers}")
+        return self
+
+
+class SyncConfig(Section):
+    scheme: Literal["bsp", "asp", "ssp"] = Field("bsp", description="Synchronisation scheme.")
+    staleness: int = Field(3, ge=0, description="SSP bound s: a worker may be at most s iterations ahead of the slowest.")
+
+
+class CompressionConfig(Section):
+    method: Literal["none"] = Field("none", description="Gradient compressor for worker uploads.")
+    density: float = Field(0.01, gt=0, le=1, description="Fraction of values kept by sparsifying compressors.")
+    error_feedback: bool = Field(True, description="Keep what was not sent and add it to the next gradient.")
+
+
+class BackendConfig(Section):
+    name: Literal["sim", "ray"] = Field("sim", description="sim: virtual-clock simulator; ray: real processes.")
+    mode: Literal["train", "cost"] = Field("train", description="cost: simulate the schedule only, no model math.")
+    log_iterations: bool = Field(True, description="Write one metrics.jsonl line per worker iteration.")
+
+
+class Config(Section):
+    run: RunConfig = RunConfig()
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    sync: SyncConfig = SyncConfig()
+    compression: CompressionConfig = CompressionConfig()
+    backend: BackendConfig = BackendConfig()
+
+
+def _format_error(err: ValidationError, source: str) -> str:
+    """One line: the first problem, with its dotted key."""
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "config"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    msg = msg.removeprefix("Value error, ")
+    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{source}: {key}: {msg}{more}"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``section.key=value``; the value is read as TOML, else taken as a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``--set`` override written in."""
+    data = json.loads(json.dumps(data))
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {text!r}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def build_config(data: dict[str, Any], source: str = "config") -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err, source)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """Read a TOML file (or the defaults when ``path`` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    source = "config"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file not found")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    return build_config(apply_overrides(data, overrides or []), source)
+
+
+def to_toml(cfg: Config) -> str:
+    """Write a resolved config as TOML (sections and one nested level)."""
+    lines: list[str] = []
+
+    def emit(prefix: str, table: dict[str, Any]) -> None:
+        scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        lines.append(f"[{prefix}]")
+        for key, value in scalars.items():
+            if value is not None:
+                lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+        for key, value in table.items():
+            if isinstance(value, dict):
+                emit(f"{prefix}.{key}", value)
+
+    for name, section in cfg.model_dump().items():
+        emit(name, section)
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")

@@ -1,0 +1,1 @@
+"""The training machinery backends share: replicas, gradient steps, cost model, metrics."""

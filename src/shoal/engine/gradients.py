@@ -1,0 +1,110 @@
+"""Real gradients on flat parameter vectors, and evaluation.
+
+One torch module is reused for every worker: a computation loads the
+parameters (and batch-norm buffers) the worker pulled, so each gradient is
+computed on exactly the values that worker saw at its start time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where one parameter tensor lives in the flat vector."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+    numel: int
+
+
+class GradientEngine:
+    """Computes gradients and accuracy for flat parameter vectors on one module."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self._params = list(model.parameters())
+        self._buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self.layout = self._layout(model)
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    @staticmethod
+    def _layout(model: nn.Module) -> list[TensorSlot]:
+        slots, offset = [], 0
+        for name, p in model.named_parameters():
+            slots.append(TensorSlot(name, tuple(p.shape), offset, p.numel()))
+            offset += p.numel()
+        return slots
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self._params)
+
+    @property
+    def num_buffer_values(self) -> int:
+        return sum(b.numel() for b in self._buffers)
+
+    def initial_state(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The module's current parameters and float buffers, flattened."""
+        return parameters_to_vector(self._params).detach().clone(), self._flat_buffers()
+
+    def _flat_buffers(self) -> torch.Tensor:
+        if not self._buffers:
+            return torch.zeros(0)
+        return torch.cat([b.detach().reshape(-1) for b in self._buffers]).clone()
+
+    def _load(self, params: torch.Tensor, buffers: torch.Tensor) -> None:
+        with torch.no_grad():
+            vector_to_parameters(params, self._params)
+            offset = 0
+            for b in self._buffers:
+                b.copy_(buffers[offset : offset + b.numel()].view_as(b))
+                offset += b.numel()
+
+    def gradient(
+        self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Gradient of the batch loss at ``params``; also the change of the buffers and the loss."""
+        self._load(params, buffers)
+        self.model.train()
+        for p in self._params:
+            p.grad = None
+        loss = self.loss_fn(self.model(x), y)
+        loss.backward()
+        grad = torch.cat([p.grad.reshape(-1) for p in self._params])
+        buffer_delta = self._flat_buffers() - buffers if self._buffers else buffers
+        return grad, buffer_delta, float(loss)
+
+    @torch.no_grad()
+    def evaluate(
+        self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch: int = 1024
+    ) -> tuple[float, float]:
+        """Accuracy and mean loss on (x, y)."""
+        self._load(params, buffers)
+        self.model.eval()
+        correct, loss_sum = 0, 0.0
+        for start in range(0, len(y), batch):
+            logits = self.model(x[start : start + batch])
+            target = y[start : start + batch]
+            loss_sum += float(self.loss_fn(logits, target)) * len(target)
+            correct += int((logits.argmax(1) == target).sum())
+        return correct / len(y), loss_sum / len(y)
+
+    def measure_compute_s(self, x: torch.Tensor, y: torch.Tensor, repeats: int = 5) -> float:
+        """Median wall seconds of one forward+backward pass on this machine."""
+        params, buffers = self.initial_state()
+        self.gradient(params, buffers, x, y)  # warm-up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self.gradient(params, buffers, x, y)
+            times.append(time.perf_counter() - start)
+        self._load(params, buffers)
+        return sorted(times)[len(times) // 2]

@@ -1,0 +1,122 @@
+"""Run metrics: the metrics.jsonl event stream and the summary.json record.
+
+Every backend records the same events through ``RunRecorder``, so a result
+from one backend reads like a result from the other.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+
+@dataclass
+class WorkerStats:
+    """Where one worker's time went."""
+
+    id: int
+    group: int
+    speed: float
+    iterations: int = 0
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    comm_s: float = 0.0
+
+
+@dataclass
+class RunRecorder:
+    """Collects events (optionally streaming them to a JSONL file) and run totals."""
+
+    stream: IO[str] | None = None
+    log_iterations: bool = True
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    iterations: int = 0
+    bytes_up: float = 0.0
+    bytes_down: float = 0.0
+    best_accuracy: float | None = None
+    time_to_target_s: float | None = None
+
+    def event(self, kind: str, **fields: Any) -> None:
+        if self.stream is not None:
+            self.stream.write(json.dumps({"event": kind, **fields}, default=_jsonable) + "\n")
+
+    def iteration(self, **fields: Any) -> None:
+        self.iterations += 1
+        if self.log_iterations:
+            self.event("iteration", **fields)
+
+    def evaluation(self, t: float, accuracy: float, loss: float, target: float) -> bool:
+        """Record an evaluation; True the first time the target is reached."""
+        record = {"t": t, "accuracy": accuracy, "loss": loss, "iterations": self.iterations}
+        self.evals.append(record)
+        self.event("eval", **record)
+        self.best_accuracy = accuracy if self.best_accuracy is None else max(self.best_accuracy, accuracy)
+        if self.time_to_target_s is None and accuracy >= target:
+            self.time_to_target_s = t
+            return True
+        return False
+
+    @property
+    def final_accuracy(self) -> float | None:
+        return self.evals[-1]["accuracy"] if self.evals else None
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def build_summary(
+    *,
+    recorder: RunRecorder,
+    scheme: str,
+    backend: str,
+    mode: str,
+    target_accuracy: float,
+    elapsed_s: float,
+    wall_s: float,
+    stop_reason: str,
+    groups: list[list[int]],
+    workers: list[WorkerStats],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The summary.json record (DESIGN.md contract)."""
+    return {
+        "scheme": scheme,
+        "backend": backend,
+        "mode": mode,
+        "final_accuracy": recorder.final_accuracy,
+        "best_accuracy": recorder.best_accuracy,
+        "target_accuracy": target_accuracy,
+        "time_to_target_s": recorder.time_to_target_s,
+        "elapsed_s": elapsed_s,
+        "wall_s": wall_s,
+        "stop_reason": stop_reason,
+        "iterations": recorder.iterations,
+        "bytes_up": int(recorder.bytes_up),
+        "bytes_down": int(recorder.bytes_down),
+        "groups": groups,
+        "per_worker": [_rounded(asdict(w)) for w in workers],
+        **(extra or {}),
+    }
+
+
+def _rounded(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 9) if isinstance(v, float) and math.isfinite(v) else v for k, v in record.items()}
+
+
+WALL_CLOCK_FIELDS = ("wall_s", "compute_s_measured")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON through a temporary file so a crash never leaves half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
+    os.replace(tmp, path)

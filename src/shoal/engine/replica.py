@@ -1,0 +1,55 @@
+"""A server's model replica: flat parameters, flat float buffers and an optimizer.
+
+Parameters live in one flat tensor so that snapshots, deltas and transfers
+are single copies; per-tensor views come from the layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from shoal.config import OptimizerConfig
+
+
+class Replica:
+    """Parameters + optimizer of one server; ``version`` counts applied updates."""
+
+    def __init__(self, params: torch.Tensor, buffers: torch.Tensor, opt: OptimizerConfig) -> None:
+        self.params = torch.nn.Parameter(params.detach().clone(), requires_grad=False)
+        self.buffers = buffers.detach().clone()
+        self.weight_decay = opt.weight_decay
+        self.optimizer = self._make_optimizer(opt)
+        self.version = 0
+        self._snapshot: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    def _make_optimizer(self, opt: OptimizerConfig) -> torch.optim.Optimizer:
+        # Weight decay is added to the weighted gradient in `apply`, not here, so
+        # every scheme decays by the same amount per sample (DESIGN.md weighting).
+        if opt.name == "sgd":
+            return torch.optim.SGD([self.params], lr=opt.lr, momentum=opt.momentum)
+        return torch.optim.Adam([self.params], lr=opt.lr)
+
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read-only copy of the current parameters and buffers (shared per version)."""
+        if self._snapshot is None or self._snapshot[0] != self.version:
+            self._snapshot = (self.version, self.params.detach().clone(), self.buffers.clone())
+        return self._snapshot[1], self._snapshot[2]
+
+    def apply(self, grads: Sequence[torch.Tensor], weight: float) -> None:
+        """One optimizer step on ``weight * sum(grads)`` (+ weight decay per gradient)."""
+        total = torch.stack(list(grads)).sum(0) if len(grads) > 1 else grads[0].clone()
+        total.mul_(weight)
+        if self.weight_decay:
+            total.add_(self.params.detach(), alpha=self.weight_decay * weight * len(grads))
+        self.params.grad = total
+        self.optimizer.step()
+        self.params.grad = None
+        self.version += 1
+
+    def add_buffer_deltas(self, deltas: Sequence[torch.Tensor], weight: float) -> None:
+        """Move batch-norm statistics by the weighted sum of the workers' changes."""
+        if self.buffers.numel():
+            for delta in deltas:
+                self.buffers.add_(delta, alpha=weight)

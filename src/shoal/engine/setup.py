@@ -1,0 +1,76 @@
+"""Everything a backend needs for one run, built once from a config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shoal.cluster import ClusterProfile, build_profile
+from shoal.config import Config, ConfigError
+from shoal.data import BatchStream, Dataset, load_dataset, shard_indices
+from shoal.engine.gradients import GradientEngine
+from shoal.models import build_model
+
+
+@dataclass
+class RunSetup:
+    """A config resolved into data, model, cluster profile and per-worker batch streams."""
+
+    cfg: Config
+    dataset: Dataset
+    engine: GradientEngine
+    profile: ClusterProfile
+    streams: list[BatchStream]
+    compute_s_measured: float | None = None
+
+    @property
+    def train_mode(self) -> bool:
+        return self.cfg.backend.mode == "train"
+
+    @property
+    def upload_bytes(self) -> int:
+        """A dense gradient push: float32 gradients plus batch-norm buffer changes."""
+        return 4 * (self.engine.num_params + self.num_buffer_values)
+
+    @property
+    def download_bytes(self) -> int:
+        """A parameter pull: float32 parameters plus batch-norm buffers."""
+        return 4 * (self.engine.num_params + self.num_buffer_values)
+
+    @property
+    def num_buffer_values(self) -> int:
+        return self.engine.num_buffer_values
+
+
+def build_setup(cfg: Config) -> RunSetup:
+    """Load data, seed and build the model, measure compute time if asked, shard the data."""
+    torch.manual_seed(cfg.run.seed)
+    dataset = load_dataset(
+        cfg.data.name,
+        seed=cfg.run.seed,
+        test_fraction=cfg.data.test_fraction,
+        synthetic_samples=cfg.data.synthetic_samples,
+    )
+    model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, hidden=cfg.model.hidden)
+    engine = GradientEngine(model)
+    measured = None
+    if cfg.cluster.compute_s == 0:
+        batch = min(cfg.data.batch_size, len(dataset.y_train))
+        measured = engine.measure_compute_s(dataset.x_train[:batch], dataset.y_train[:batch])
+    profile = build_profile(cfg.cluster, cfg.run.seed, compute_s=measured)
+    return RunSetup(cfg, dataset, engine, profile, _streams(cfg, dataset), measured)
+
+
+def _streams(cfg: Config, dataset: Dataset) -> list[BatchStream]:
+    """One batch stream per worker over disjoint shards (none in cost mode)."""
+    if cfg.backend.mode == "cost":
+        return []
+    n_train = len(dataset.y_train)
+    if cfg.cluster.workers > n_train:
+        raise ConfigError(
+            f"cluster.workers: {cfg.cluster.workers} workers but only {n_train} training samples to shard"
+        )
+    shards = shard_indices(n_train, cfg.cluster.workers, cfg.run.seed)
+    return [BatchStream(dataset, shard, cfg.data.batch_size, cfg.run.seed, w) for w, shard in enumerate(shards)]
+

@@ -1,0 +1,10 @@
+"""Synchronisation policies: when a worker may start, and which pushes form one update.
+
+Policies are pure state machines (no clocks, threads or I/O), so both
+backends and the tests drive the same objects.
+"""
+
+from shoal.sync.base import SyncPolicy
+from shoal.sync.policies import ASP, BSP, SSP, make_policy
+
+__all__ = ["ASP", "BSP", "SSP", "SyncPolicy", "make_policy"]

@@ -1,0 +1,84 @@
+"""The sync-policy protocol and the clock bookkeeping every policy shares."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Iterable
+
+
+class SyncPolicy(ABC):
+    """Gating rule plus merge rule for one server and the workers it serves.
+
+    A worker's clock counts the pushes the server has received from it. The
+    backend asks ``may_start`` before each iteration (or ``start_threshold``
+    to wait for the slowest clock to reach a value) and reports each push with
+    ``on_push``, which returns the workers whose buffered gradients now form
+    one update (empty: keep buffering).
+    """
+
+    name: str = "base"
+
+    def __init__(self, workers: Iterable[int]) -> None:
+        self.clocks: dict[int, int] = {w: 0 for w in workers}
+        if not self.clocks:
+            raise ValueError("a policy needs at least one worker")
+        self._at_clock: Counter[int] = Counter({0: len(self.clocks)})
+        self._min = 0
+
+    @property
+    def workers(self) -> list[int]:
+        return sorted(self.clocks)
+
+    @property
+    def min_clock(self) -> int:
+        return self._min
+
+    def may_start(self, worker: int) -> bool:
+        threshold = self.start_threshold(worker)
+        return threshold is None or self._min >= threshold
+
+    @abstractmethod
+    def start_threshold(self, worker: int) -> int | None:
+        """The slowest clock that must be reached before ``worker`` starts again (None: never wait)."""
+
+    @abstractmethod
+    def _merge(self, worker: int) -> tuple[int, ...]:
+        """Which pushes form an update now that ``worker`` pushed."""
+
+    def on_push(self, worker: int) -> tuple[int, ...]:
+        """Record one push from ``worker``; return the workers whose gradients to apply now."""
+        self._tick(worker)
+        return self._merge(worker)
+
+    def remove(self, worker: int) -> tuple[int, ...]:
+        """Forget ``worker`` (it died or moved); return an update it was holding back, if any."""
+        clock = self.clocks.pop(worker)
+        self._at_clock[clock] -= 1
+        if self.clocks:
+            self._advance_min()
+        return self._release_after_remove()
+
+    def add(self, worker: int, clock: int | None = None) -> None:
+        """Admit ``worker``; by default at the slowest clock so it gates nobody."""
+        clock = self._min if clock is None else clock
+        if not self.clocks:
+            self._min = clock
+        self.clocks[worker] = clock
+        self._at_clock[clock] += 1
+        self._min = min(self._min, clock)
+
+    def _release_after_remove(self) -> tuple[int, ...]:
+        return ()
+
+    def _tick(self, worker: int) -> None:
+        clock = self.clocks[worker]
+        self.clocks[worker] = clock + 1
+        self._at_clock[clock] -= 1
+        self._at_clock[clock + 1] += 1
+        self._advance_min()
+
+    def _advance_min(self) -> None:
+        while self._at_clock[self._min] == 0:
+            del self._at_clock[self._min]
+            self._min += 1

@@ -1,0 +1,94 @@
+"""The sync policies as pure state machines: gating and merging on scripted pushes."""
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.sync import ASP, BSP, SSP, make_policy
+
+
+def test_bsp_releases_one_update_per_round_and_gates_until_it():
+    p = BSP(range(3))
+    assert all(p.may_start(w) for w in range(3))
+    assert p.on_push(0) == ()
+    assert not p.may_start(0)  # pushed round 1, others have not
+    assert p.on_push(2) == ()
+    assert p.on_push(1) == (0, 1, 2)
+    assert all(p.may_start(w) for w in range(3))
+    assert p.min_clock == 1
+
+
+def test_asp_never_waits_and_applies_each_push():
+    p = ASP(range(2))
+    for _ in range(5):
+        assert p.on_push(0) == (0,)
+    assert p.may_start(0) and p.start_threshold(0) is None
+    assert p.clocks == {0: 5, 1: 0}
+
+
+def test_ssp_bound_s():
+    p = SSP(range(2), staleness=2)
+    for clock in range(1, 4):
+        assert p.may_start(0)
+        p.on_push(0)
+        assert p.clocks[0] == clock
+    assert not p.may_start(0)  # clock 3 > min 0 + 2
+    p.on_push(1)
+    assert p.may_start(0)  # 3 <= 1 + 2
+
+
+def test_ssp_with_zero_staleness_gates_like_bsp():
+    p = SSP(range(2), staleness=0)
+    p.on_push(0)
+    assert not p.may_start(0)
+    p.on_push(1)
+    assert p.may_start(0)
+
+
+def test_removing_a_worker_releases_the_round_it_held_back():
+    p = BSP(range(3))
+    p.on_push(0)
+    p.on_push(1)
+    assert p.remove(2) == (0, 1)
+    assert p.may_start(0)
+
+
+def test_added_worker_joins_at_the_slowest_clock():
+    p = SSP(range(2), staleness=1)
+    p.on_push(0)
+    p.on_push(1)
+    p.add(7)
+    assert p.clocks[7] == 1 and p.min_clock == 1
+
+
+def test_make_policy_rejects_unknown_scheme():
+    with pytest.raises(ValueError):
+        make_policy("nope", range(2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(0, 4), st.integers(0, 10_000))
+def test_ssp_never_lets_a_worker_run_more_than_s_ahead(n, s, seed):
+    """Drive random eligible workers; the clock spread never exceeds s + 1."""
+    rng = random.Random(seed)
+    p = SSP(range(n), staleness=s)
+    for _ in range(200):
+        eligible = [w for w in range(n) if p.may_start(w)]
+        assert eligible, "SSP deadlocked"
+        p.on_push(rng.choice(eligible))
+        assert max(p.clocks.values()) - p.min_clock <= s + 1
+        assert p.min_clock == min(p.clocks.values())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.integers(0, 10_000))
+def test_bsp_merges_every_push_exactly_once(n, seed):
+    rng = random.Random(seed)
+    p = BSP(range(n))
+    merged = []
+    for _ in range(100):
+        eligible = [w for w in range(n) if p.may_start(w)]
+        merged.extend(p.on_push(rng.choice(eligible)))
+    assert sorted(merged) == sorted(w for w in range(n) for _ in range(p.min_clock))
