@@ -21,6 +21,11 @@ app = typer.Typer(
 app.command("train")(train)
 
 
+@app.callback()
+def _root() -> None:
+    """Data-parallel training on heterogeneous clusters (GSSP, SIM, GDTopK, GRID)."""
+
+
 def main() -> None:
     """Entry point of the `shoal` script."""
     try:

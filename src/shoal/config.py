@@ -130,6 +130,7 @@ class BackendConfig(Section):
     name: Literal["sim", "ray"] = Field("sim", description="sim: virtual-clock simulator; ray: real processes.")
     mode: Literal["train", "cost"] = Field("train", description="cost: simulate the schedule only, no model math.")
     log_iterations: bool = Field(True, description="Write one metrics.jsonl line per worker iteration.")
+    torch_threads: int = Field(1, ge=1, description="Torch intra-op threads of the sim process (1 is fastest for small models and deterministic).")
 
 
 class Config(Section):

@@ -13,7 +13,6 @@ from rich.table import Table
 
 from shoal.commands.common import user_errors_exit_2
 from shoal.config import load_config
-from shoal.runner import train as run_training
 
 console = Console(stderr=True)
 
@@ -30,6 +29,7 @@ def train(
     """Train a model data-parallel on a simulated or real heterogeneous cluster."""
     overrides = list(set_) + ([f"backend.name={backend}"] if backend else [])
     cfg = load_config(config, overrides)
+    from shoal.runner import train as run_training  # heavy (torch): only once the config is valid
     out = out or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
     with _progress(quiet, cfg.run.max_time_s) as update:
         summary = run_training(cfg, out, overwrite=overwrite, progress=update)

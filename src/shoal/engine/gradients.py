@@ -78,9 +78,10 @@ class GradientEngine:
             p.grad = None
         loss = self.loss_fn(self.model(x), y)
         loss.backward()
+        loss = loss.detach()
         grad = torch.cat([p.grad.reshape(-1) for p in self._params])
         buffer_delta = self._flat_buffers() - buffers if self._buffers else buffers
-        return grad, buffer_delta, float(loss)
+        return grad, buffer_delta, loss.item()
 
     @torch.no_grad()
     def evaluate(

@@ -45,6 +45,7 @@ class RunSetup:
 
 def build_setup(cfg: Config) -> RunSetup:
     """Load data, seed and build the model, measure compute time if asked, shard the data."""
+    torch.set_num_threads(cfg.backend.torch_threads)
     torch.manual_seed(cfg.run.seed)
     dataset = load_dataset(
         cfg.data.name,

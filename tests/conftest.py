@@ -1,0 +1,39 @@
+"""Shared fixtures: small, fast configs for end-to-end runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shoal.config import Config, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAST = [
+    "data.name=digits",
+    "model.name=mlp",
+    "model.hidden=[32]",
+    "optimizer.lr=0.1",
+    "cluster.workers=4",
+    "cluster.compute_s=0.01",
+    "run.max_time_s=2.0",
+    "run.eval_every_s=0.25",
+    "run.target_accuracy=0.9",
+]
+
+
+@pytest.fixture
+def fast_config():
+    """A config that trains an MLP on digits with 4 workers in a second or two."""
+
+    def make(*overrides: str) -> Config:
+        return load_config(None, FAST + list(overrides))
+
+    return make
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]

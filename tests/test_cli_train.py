@@ -1,0 +1,96 @@
+"""`shoal train` end to end through the real console script: outputs, exit codes, no half-written runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST, ROOT
+
+SHOAL = [str(Path(sys.executable).with_name("shoal"))]
+
+
+def shoal(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(SHOAL + list(args), capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def _sets(*overrides: str) -> list[str]:
+    return [arg for o in list(FAST) + list(overrides) for arg in ("--set", o)]
+
+
+def test_train_writes_the_three_files(tmp_path):
+    result = shoal("train", *_sets(), "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.toml", "metrics.jsonl", "summary.json"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["scheme"] == "bsp" and summary["backend"] == "sim"
+    assert "final accuracy" in result.stdout
+
+
+def test_resolved_config_reproduces_the_run(tmp_path):
+    assert shoal("train", *_sets("sync.scheme=ssp"), "--out", str(tmp_path / "a"), "-q").returncode == 0
+    again = shoal("train", "--config", str(tmp_path / "a" / "config.toml"), "--out", str(tmp_path / "b"), "-q")
+    assert again.returncode == 0, again.stderr
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
+    a.pop("wall_s"), b.pop("wall_s")
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--set", "cluster.workers=0"], "cluster.workers"),
+        (["--set", "cluster.wrokers=3"], "cluster.wrokers: unknown key"),
+        (["--set", "cluster.speeds=[1, 2]"], "speeds has 2 entries but workers = 8"),
+        (["--set", "cluster.link_gbps=-5"], "cluster.link_gbps"),
+        (["--set", "data.name=npz:/no/such/file.npz"], "does not exist"),
+        (["--set", "sync.scheme=gossip"], "sync.scheme"),
+        (["--config", "/no/such/config.toml"], "config file not found"),
+        (["--set", "cluster.workers"], "expected section.key=value"),
+        (["--backend", "ray"], "ray backend is not available"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, fragment):
+    out = tmp_path / "run"
+    result = shoal("train", *args, "--out", str(out))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_too_many_workers_for_the_data_is_rejected(tmp_path):
+    result = shoal("train", *_sets("cluster.workers=5000"), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and "5000 workers but only" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_malformed_data_file_is_rejected_before_writing(tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip archive")
+    result = shoal("train", *_sets(f"data.name=npz:{bad}"), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_earlier_run_is_never_overwritten_by_accident(tmp_path):
+    out = tmp_path / "run"
+    assert shoal("train", *_sets(), "--out", str(out), "-q").returncode == 0
+    before = (out / "summary.json").read_text()
+    again = shoal("train", *_sets("run.seed=5"), "--out", str(out), "-q")
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+    assert (out / "summary.json").read_text() == before
+    assert shoal("train", *_sets("run.seed=5"), "--out", str(out), "-q", "--overwrite").returncode == 0
+
+
+@pytest.mark.slow
+def test_mnist_bsp_example_reaches_95_percent(tmp_path):
+    result = shoal("train", "--config", str(ROOT / "examples" / "mnist_bsp.toml"), "--out", str(tmp_path / "r"), "-q")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["best_accuracy"] >= 0.95 and summary["time_to_target_s"] is not None
+    assert summary["wall_s"] < 180

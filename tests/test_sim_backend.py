@@ -1,0 +1,160 @@
+"""The sim backend: exact updates on tiny cases, schedules, determinism, stopping rules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from shoal.backends.sim import SimBackend
+from shoal.engine.metrics import RunRecorder
+from shoal.engine.setup import build_setup
+from shoal.runner import train
+
+from conftest import read_jsonl
+
+
+def _run(cfg):
+    setup = build_setup(cfg)
+    backend = SimBackend(setup, RunRecorder())
+    return backend, backend.run()
+
+
+def test_one_bsp_round_applies_the_mean_gradient(fast_config):
+    """Two workers, plain SGD: after one round params = p0 - lr * (g0 + g1) / 2."""
+    cfg = fast_config("cluster.workers=2", "optimizer.momentum=0", "run.max_iterations=2", "run.stop_at_target=false")
+    setup = build_setup(cfg)
+    p0, b0 = setup.engine.initial_state()
+    # the same batches the workers will draw (fresh streams from the same seed)
+    expected_grads = []
+    for w in range(2):
+        x, y = build_setup(cfg).streams[w].next()
+        expected_grads.append(setup.engine.gradient(p0, b0, x, y)[0])
+    backend = SimBackend(setup, RunRecorder())
+    backend.run()
+    expected = p0 - cfg.optimizer.lr * (expected_grads[0] + expected_grads[1]) / 2
+    assert torch.allclose(backend.server.replica.params.detach(), expected, atol=1e-6)
+
+
+def test_asp_applies_each_gradient_with_weight_one_over_n(fast_config):
+    cfg = fast_config("cluster.workers=2", "sync.scheme=asp", "optimizer.momentum=0",
+                      "run.max_iterations=1", "cluster.speeds=[1, 3]")
+    setup = build_setup(cfg)
+    p0, b0 = setup.engine.initial_state()
+    x, y = build_setup(cfg).streams[0].next()
+    g0 = setup.engine.gradient(p0, b0, x, y)[0]
+    backend = SimBackend(setup, RunRecorder())
+    backend.run()
+    assert torch.allclose(backend.server.replica.params.detach(), p0 - cfg.optimizer.lr * g0 / 2, atol=1e-6)
+
+
+def test_bsp_on_equal_workers_never_waits_and_is_never_stale(fast_config, tmp_path):
+    summary = train(fast_config("run.max_iterations=40", "run.stop_at_target=false"), tmp_path / "r")
+    assert [w["iterations"] for w in summary["per_worker"]] == [10] * 4
+    assert all(w["wait_s"] == pytest.approx(0, abs=1e-9) for w in summary["per_worker"])
+    its = [e for e in read_jsonl(tmp_path / "r" / "metrics.jsonl") if e["event"] == "iteration"]
+    assert len(its) == 40 and all(e["staleness"] == 0 for e in its)
+
+
+def test_ssp_keeps_clock_spread_within_the_bound(fast_config, tmp_path):
+    cfg = fast_config("sync.scheme=ssp", "sync.staleness=2", "cluster.speeds=[1, 1, 3, 7]", "run.stop_at_target=false")
+    train(cfg, tmp_path / "r")
+    clocks = {w: 0 for w in range(4)}
+    for event in read_jsonl(tmp_path / "r" / "metrics.jsonl"):
+        if event["event"] == "iteration":
+            clocks[event["worker"]] = event["clock"]
+            assert max(clocks.values()) - min(clocks.values()) <= 2 + 1
+
+
+def _wait_ratio(summary, worker=0):
+    w = summary["per_worker"][worker]
+    return w["wait_s"] / w["compute_s"]
+
+
+def test_tiers_show_what_each_scheme_costs_the_fast_workers(fast_config):
+    """BSP: fast workers mostly wait; ASP: nobody waits; SSP in between."""
+    common = ("backend.mode=cost", "cluster.workers=8", "cluster.speeds=[1,1,2,2,4,4,8,8]", "run.max_time_s=100",
+              "cluster.stragglers.probability=0.05", "cluster.stragglers.slowdown=4")
+    results = {s: _run(fast_config(*common, f"sync.scheme={s}"))[1] for s in ("bsp", "ssp", "asp")}
+    assert _wait_ratio(results["bsp"]) > 5
+    assert all(w["wait_s"] == 0 for w in results["asp"]["per_worker"])
+    assert 0 < _wait_ratio(results["ssp"]) < _wait_ratio(results["bsp"])
+    fast_iters = {s: r["per_worker"][0]["iterations"] for s, r in results.items()}
+    assert fast_iters["bsp"] < fast_iters["ssp"] < fast_iters["asp"]
+
+
+def test_same_seed_same_results(fast_config, tmp_path):
+    cfg = fast_config("sync.scheme=ssp", "cluster.speeds=[1, 2, 2, 5]", "cluster.stragglers.probability=0.1")
+    a = train(cfg, tmp_path / "a")
+    b = train(cfg, tmp_path / "b")
+    a.pop("wall_s"), b.pop("wall_s")
+    assert a == b
+    assert (tmp_path / "a" / "metrics.jsonl").read_text() == (tmp_path / "b" / "metrics.jsonl").read_text()
+
+
+def test_different_seeds_differ(fast_config, tmp_path):
+    a = train(fast_config("run.seed=1", "run.max_iterations=20"), tmp_path / "a")
+    b = train(fast_config("run.seed=2", "run.max_iterations=20"), tmp_path / "b")
+    assert a["final_accuracy"] != b["final_accuracy"] or a["per_worker"] != b["per_worker"]
+
+
+def test_stops_at_target_with_time_to_target(fast_config, tmp_path):
+    summary = train(fast_config("run.max_time_s=30"), tmp_path / "r")
+    assert summary["stop_reason"] == "target_reached"
+    assert summary["time_to_target_s"] == summary["elapsed_s"]
+    assert summary["final_accuracy"] >= 0.9
+
+
+def test_time_budget_and_unreached_target(fast_config, tmp_path):
+    summary = train(fast_config("run.target_accuracy=0.999", "run.max_time_s=0.5"), tmp_path / "r")
+    assert summary["stop_reason"] == "time_budget"
+    assert summary["time_to_target_s"] is None
+    assert summary["elapsed_s"] == pytest.approx(0.5)
+
+
+def test_iteration_budget(fast_config, tmp_path):
+    summary = train(fast_config("run.max_iterations=13", "sync.scheme=asp"), tmp_path / "r")
+    assert summary["iterations"] == 13 and summary["stop_reason"] == "iteration_budget"
+
+
+def test_cost_mode_runs_the_schedule_without_gradients(fast_config, tmp_path):
+    summary = train(fast_config("backend.mode=cost", "run.max_iterations=100"), tmp_path / "r")
+    assert summary["final_accuracy"] is None and summary["iterations"] == 100
+    events = read_jsonl(tmp_path / "r" / "metrics.jsonl")
+    assert not [e for e in events if e["event"] == "eval"]
+    assert summary["bytes_up"] == 100 * 4 * summary["params"]
+
+
+def test_bytes_are_real_message_sizes(fast_config, tmp_path):
+    summary = train(fast_config("run.max_iterations=8", "run.stop_at_target=false"), tmp_path / "r")
+    # mlp 64 -> 32 -> 10: (64*32 + 32) + (32*10 + 10) float32 values per message
+    assert summary["params"] == 64 * 32 + 32 + 32 * 10 + 10
+    assert summary["bytes_up"] == summary["bytes_down"] == 8 * 4 * summary["params"]
+
+
+def test_transfer_time_follows_the_shared_server_link(fast_config, tmp_path):
+    """4 workers push 1 MB at once through a 0.1 Gbps server: each push takes 4 * 1e6*8/1e8 s."""
+    cfg = fast_config("backend.mode=cost", "model.hidden=[4000]", "cluster.server_gbps=0.1",
+                      "cluster.latency_ms=0", "run.max_iterations=4")
+    summary = train(cfg, tmp_path / "r")
+    size = 4 * summary["params"]
+    one_way = 4 * size * 8 / 0.1e9  # pulls share egress, pushes share ingress
+    assert summary["per_worker"][0]["comm_s"] == pytest.approx(2 * one_way, rel=1e-6)
+
+
+def test_measured_compute_time_when_zero(fast_config, tmp_path):
+    summary = train(fast_config("cluster.compute_s=0", "run.max_iterations=4"), tmp_path / "r")
+    assert summary["compute_s"] > 0 and summary["compute_s_measured"] == summary["compute_s"]
+
+
+def test_outputs_follow_the_contract(fast_config, tmp_path):
+    train(fast_config(), tmp_path / "r")
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    for key in ("scheme", "backend", "final_accuracy", "best_accuracy", "target_accuracy", "time_to_target_s",
+                "elapsed_s", "iterations", "bytes_up", "bytes_down", "groups", "per_worker"):
+        assert key in summary
+    assert summary["groups"] == [[0, 1, 2, 3]]
+    assert set(summary["per_worker"][0]) >= {"id", "group", "iterations", "compute_s", "wait_s", "comm_s"}
+    kinds = {e["event"] for e in read_jsonl(tmp_path / "r" / "metrics.jsonl")}
+    assert {"start", "groups", "eval", "iteration", "end"} <= kinds
