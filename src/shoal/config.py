@@ -82,6 +82,12 @@ class StragglerConfig(Section):
     duration: int = Field(5, ge=1, description="Length of a slowdown in iterations.")
 
 
+class SpeedChange(Section):
+    worker: int = Field(..., ge=0, description="Worker whose speed changes.")
+    at_s: float = Field(..., ge=0, description="When (virtual seconds on sim, wall seconds on ray).")
+    speed: float = Field(..., gt=0, description="The new slowdown factor.")
+
+
 class ClusterConfig(Section):
     workers: int = Field(8, ge=1, description="Number of workers.")
     speeds: list[float] | None = Field(None, description="Slowdown factor per worker (1.0 = fastest); overrides profile.")
@@ -93,6 +99,7 @@ class ClusterConfig(Section):
     latency_ms: float = Field(0.05, ge=0, description="One-way latency of every transfer (ms).")
     server_gbps: float = Field(10.0, gt=0, description="Server ingress (and egress) bandwidth, shared by concurrent transfers.")
     stragglers: StragglerConfig = StragglerConfig()
+    speed_changes: list[SpeedChange] = Field([], description="Sustained speed changes during the run: [{worker, at_s, speed}].")
 
     @field_validator("speeds")
     @classmethod
@@ -112,12 +119,30 @@ class ClusterConfig(Section):
     def _speeds_match_workers(self) -> "ClusterConfig":
         if self.speeds is not None and len(self.speeds) != self.workers:
             raise ValueError(f"speeds has {len(self.speeds)} entries but workers = {self.workers}")
+        for change in self.speed_changes:
+            if change.worker >= self.workers:
+                raise ValueError(f"speed_changes names worker {change.worker} but workers = {self.workers}")
         return self
 
 
 class SyncConfig(Section):
-    scheme: Literal["bsp", "asp", "ssp"] = Field("bsp", description="Synchronisation scheme.")
-    staleness: int = Field(3, ge=0, description="SSP bound s: a worker may be at most s iterations ahead of the slowest.")
+    scheme: Literal["bsp", "asp", "ssp", "gssp"] = Field("bsp", description="Synchronisation scheme.")
+    staleness: int = Field(3, ge=0, description="SSP bound s (also inside GSSP groups): at most s iterations ahead of the slowest.")
+    groups: int | Literal["auto"] = Field("auto", description="GSSP: number of groups, or auto (fewest whose fit reaches group_threshold).")
+    group_threshold: float = Field(0.95, gt=0, le=1, description="GSSP auto grouping: goodness of variance fit to reach (on log iteration times).")
+    max_groups: int = Field(8, ge=1, description="GSSP auto grouping: most groups to consider.")
+    exchange_every: int = Field(4, ge=1, description="GSSP: a group server sends its own delta to its peers every this many local updates.")
+    profile_iterations: int = Field(3, ge=1, description="GSSP: iterations per worker measured before the first grouping.")
+    regroup: bool = Field(True, description="GSSP: move workers when their observed speed drifts.")
+    regroup_margin: float = Field(0.15, ge=0, le=1, description="GSSP: how much better (in fit) a new grouping must be to move workers.")
+    regroup_patience: int = Field(3, ge=1, description="GSSP: consecutive checks a better grouping must persist (absorbs transient stragglers).")
+
+    @field_validator("groups")
+    @classmethod
+    def _positive_groups(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be a positive count or \"auto\"")
+        return v
 
 
 class CompressionConfig(Section):

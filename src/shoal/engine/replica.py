@@ -14,15 +14,46 @@ from shoal.config import OptimizerConfig
 
 
 class Replica:
-    """Parameters + optimizer of one server; ``version`` counts applied updates."""
+    """Parameters + optimizer of one server; ``version`` counts changes to the parameters.
 
-    def __init__(self, params: torch.Tensor, buffers: torch.Tensor, opt: OptimizerConfig) -> None:
+    With ``track_own=True`` (GSSP group servers) the replica also accumulates
+    its *own* delta: the change caused by its own optimizer steps and buffer
+    updates, never the deltas received from peers. Sending only own deltas
+    keeps every replica equal to the initial state plus every delivered
+    delta, so replicas agree once deltas are delivered.
+    """
+
+    def __init__(self, params: torch.Tensor, buffers: torch.Tensor, opt: OptimizerConfig, track_own: bool = False) -> None:
         self.params = torch.nn.Parameter(params.detach().clone(), requires_grad=False)
         self.buffers = buffers.detach().clone()
         self.weight_decay = opt.weight_decay
         self.optimizer = self._make_optimizer(opt)
         self.version = 0
         self._snapshot: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self.own_params: torch.Tensor | None = None
+        self.own_buffers: torch.Tensor | None = None
+        if track_own:
+            self.own_params = torch.zeros_like(self.params.detach())
+            self.own_buffers = torch.zeros_like(self.buffers)
+
+    def clone(self, opt: OptimizerConfig) -> "Replica":
+        """A new replica with the same state, a fresh optimizer and an empty own delta."""
+        return Replica(self.params.detach(), self.buffers, opt, track_own=self.own_params is not None)
+
+    def take_own_delta(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The own delta accumulated since the last call (then reset)."""
+        assert self.own_params is not None and self.own_buffers is not None, "replica does not track its own delta"
+        delta = (self.own_params.clone(), self.own_buffers.clone())
+        self.own_params.zero_()
+        self.own_buffers.zero_()
+        return delta
+
+    def receive_delta(self, params_delta: torch.Tensor, buffers_delta: torch.Tensor) -> None:
+        """Add a peer's own delta (it does not become part of this replica's own delta)."""
+        with torch.no_grad():
+            self.params.add_(params_delta)
+        self.buffers.add_(buffers_delta)
+        self.version += 1
 
     def _make_optimizer(self, opt: OptimizerConfig) -> torch.optim.Optimizer:
         # Weight decay is added to the weighted gradient in `apply`, not here, so
@@ -43,9 +74,12 @@ class Replica:
         total.mul_(weight)
         if self.weight_decay:
             total.add_(self.params.detach(), alpha=self.weight_decay * weight * len(grads))
+        before = self.params.detach().clone() if self.own_params is not None else None
         self.params.grad = total
         self.optimizer.step()
         self.params.grad = None
+        if before is not None:
+            self.own_params.add_(self.params.detach() - before)
         self.version += 1
 
     def add_buffer_deltas(self, deltas: Sequence[torch.Tensor], weight: float) -> None:
@@ -53,3 +87,5 @@ class Replica:
         if self.buffers.numel():
             for delta in deltas:
                 self.buffers.add_(delta, alpha=weight)
+                if self.own_buffers is not None:
+                    self.own_buffers.add_(delta, alpha=weight)

@@ -1,0 +1,149 @@
+"""Profiling worker speed and grouping workers of similar speed (GSSP).
+
+Iteration times (compute + communication) are measured from the run itself:
+the first ``warmup`` iterations of a worker are averaged, then an
+exponential moving average follows drift. Groups are Jenks natural breaks
+(jenkspy), 1-D optimal clustering as the GSSP paper cites, over the
+*logarithm* of those times: inside an SSP group the fast wait in proportion
+to the speed ratio, so 1x vs 2x differs as much as 4x vs 8x.
+Everything here is pure: no clocks, only numbers in and groups out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import jenkspy
+import numpy as np
+
+Groups = list[list[int]]
+
+
+class IterationProfiler:
+    """Per-worker iteration time: the median of the first iterations, then an EMA.
+
+    The median keeps one straggling iteration during profiling from putting a
+    fast worker into a slow group; the EMA then follows sustained drift.
+    """
+
+    def __init__(self, workers: int, warmup: int = 3, alpha: float = 0.2) -> None:
+        if warmup < 1 or not 0 < alpha <= 1:
+            raise ValueError("warmup must be >= 1 and 0 < alpha <= 1")
+        self.warmup, self.alpha = warmup, alpha
+        self.count = [0] * workers
+        self.estimate = [0.0] * workers
+        self._first: list[list[float]] = [[] for _ in range(workers)]
+
+    def observe(self, worker: int, seconds: float) -> None:
+        self.count[worker] += 1
+        if self.count[worker] <= self.warmup:
+            self._first[worker].append(seconds)
+            self.estimate[worker] = float(np.median(self._first[worker]))
+        else:
+            self.estimate[worker] += self.alpha * (seconds - self.estimate[worker])
+
+    @property
+    def ready(self) -> bool:
+        """Every worker has finished its profiling iterations."""
+        return min(self.count) >= self.warmup
+
+    def times(self) -> list[float]:
+        return list(self.estimate)
+
+
+def goodness_of_variance_fit(values: Sequence[float], groups: Groups) -> float:
+    """GVF = 1 - (within-group squared deviations) / (total squared deviations); 1 = perfect."""
+    x = np.asarray(values, dtype=float)
+    total = float(((x - x.mean()) ** 2).sum())
+    if total <= 1e-12 * max(1.0, float(np.abs(x).max())) ** 2:
+        return 1.0
+    within = sum(float(((x[g] - x[g].mean()) ** 2).sum()) for g in groups if g)
+    return 1.0 - within / total
+
+
+def jenks_groups(values: Sequence[float], n_groups: int) -> Groups:
+    """Workers split into at most ``n_groups`` natural-breaks groups, fastest group first.
+
+    Asking for more groups than there are distinct values gives one group per
+    distinct value; equal values always share a group.
+    """
+    if n_groups < 1:
+        raise ValueError("n_groups must be >= 1")
+    x = np.asarray(values, dtype=float)
+    if len(x) == 0:
+        return []
+    distinct = np.unique(x)
+    k = min(n_groups, len(distinct))
+    if k == 1:
+        return [list(range(len(x)))]
+    if k == len(distinct):
+        return [np.flatnonzero(x == v).tolist() for v in distinct]
+    breaks = jenkspy.jenks_breaks(x.tolist(), n_classes=k)
+    labels = np.searchsorted(np.asarray(breaks[1:-1]), x, side="left")
+    groups = [np.flatnonzero(labels == g).tolist() for g in range(k)]
+    return [g for g in groups if g]
+
+
+def auto_groups(values: Sequence[float], threshold: float = 0.9, max_groups: int = 8) -> Groups:
+    """The fewest natural-breaks groups whose goodness of variance fit reaches ``threshold``."""
+    best: Groups = [list(range(len(values)))]
+    for k in range(1, max(1, min(max_groups, len(values))) + 1):
+        best = jenks_groups(values, k)
+        if goodness_of_variance_fit(values, best) >= threshold:
+            return best
+    return best
+
+
+def log_times(times: Sequence[float]) -> np.ndarray:
+    """The scale grouping works on (ratios of iteration times)."""
+    return np.log(np.maximum(np.asarray(times, dtype=float), 1e-12))
+
+
+def choose_groups(times: Sequence[float], groups: int | str, threshold: float, max_groups: int) -> Groups:
+    """Groups of iteration ``times`` for a ``[sync] groups`` setting: an integer count or "auto"."""
+    values = log_times(times)
+    if groups == "auto":
+        return auto_groups(values, threshold, max_groups)
+    return jenks_groups(values, int(groups))
+
+
+def group_of(groups: Groups) -> dict[int, int]:
+    return {w: g for g, members in enumerate(groups) for w in members}
+
+
+def canonical(groups: Groups) -> Groups:
+    """Groups as sorted lists, in order of their smallest member (for comparing)."""
+    return sorted((sorted(g) for g in groups if g), key=lambda g: g[0])
+
+
+@dataclass
+class Regrouper:
+    """Decides when observed speeds have drifted enough to regroup.
+
+    A regroup happens only when the best grouping fits the current iteration
+    times better than the current grouping by at least ``margin`` (in GVF) at
+    ``patience`` consecutive checks. Profiles are EMAs, so a transient
+    straggler moves its estimate briefly and the patience absorbs it.
+    """
+
+    groups_setting: int | str
+    threshold: float = 0.9
+    max_groups: int = 8
+    margin: float = 0.15
+    patience: int = 3
+    _streak: int = field(default=0, init=False)
+
+    def propose(self, times: Sequence[float], current: Groups) -> Groups | None:
+        """New groups if a regroup is due now (given iteration ``times``), else None."""
+        candidate = choose_groups(times, self.groups_setting, self.threshold, self.max_groups)
+        values = log_times(times)
+        better = goodness_of_variance_fit(values, candidate) - goodness_of_variance_fit(values, current)
+        if canonical(candidate) == canonical(current) or better < self.margin:
+            self._streak = 0
+            return None
+        self._streak += 1
+        if self._streak < self.patience:
+            return None
+        self._streak = 0
+        return candidate

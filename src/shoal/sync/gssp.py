@@ -1,0 +1,126 @@
+"""GSSP: grouped stale-synchronous parallel, as a pure policy.
+
+Workers of similar speed form a group with its own group server (replica and
+optimizer). Inside a group, SSP with bound ``staleness``; so a slow worker
+holds back only its own group. Group servers exchange their *own*
+accumulated deltas every ``exchange_every`` local updates, without waiting.
+
+Lifecycle: the run starts as one group (SSP over everyone) while the
+profiler measures iteration times; after ``profile_iterations`` per worker
+the workers are split into natural-breaks groups and every group server
+starts from a copy of that single replica (so no delta is in flight at the
+split). Later regroups move workers between the existing group servers; the
+number of servers stays what the first grouping chose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shoal.cluster.grouping import Groups, IterationProfiler, Regrouper, canonical, choose_groups
+from shoal.sync.policies import SSP
+
+
+@dataclass(frozen=True)
+class Move:
+    """A worker moved from one group server to another."""
+
+    worker: int
+    old: int
+    new: int
+
+
+class GSSP:
+    """Group membership, per-group SSP gating and the exchange schedule."""
+
+    name = "gssp"
+
+    def __init__(
+        self,
+        workers: int,
+        staleness: int,
+        exchange_every: int,
+        groups: int | str = "auto",
+        threshold: float = 0.95,
+        max_groups: int = 8,
+        profile_iterations: int = 3,
+        regroup: bool = True,
+        regroup_margin: float = 0.15,
+        regroup_patience: int = 3,
+    ) -> None:
+        self.workers, self.staleness, self.exchange_every = workers, staleness, exchange_every
+        self.groups_setting, self.threshold, self.max_groups = groups, threshold, max_groups
+        self.profiler = IterationProfiler(workers, warmup=profile_iterations)
+        self.regrouper = Regrouper(groups, threshold, max_groups, regroup_margin, regroup_patience) if regroup else None
+        self.groups: Groups = [list(range(workers))]
+        self.policies: list[SSP] = [SSP(range(workers), staleness)]
+        self.server_of: dict[int, int] = {w: 0 for w in range(workers)}
+        self.grouped = False
+        self._since_exchange = [0]
+
+    @property
+    def servers(self) -> int:
+        return len(self.policies)
+
+    def policy(self, server: int) -> SSP:
+        return self.policies[server]
+
+    def observe(self, worker: int, iteration_s: float) -> None:
+        """Record one iteration time (compute + communication) of ``worker``."""
+        self.profiler.observe(worker, iteration_s)
+
+    def local_update(self, server: int) -> bool:
+        """Count one update applied at ``server``; True when it should send its delta to peers."""
+        if self.servers == 1:
+            return False
+        self._since_exchange[server] += 1
+        if self._since_exchange[server] >= self.exchange_every:
+            self._since_exchange[server] = 0
+            return True
+        return False
+
+    def initial_split(self) -> Groups | None:
+        """The first grouping, once every worker has been profiled (None: not yet, or already)."""
+        if self.grouped or not self.profiler.ready:
+            return None
+        self.grouped = True
+        groups = choose_groups(self.profiler.times(), self.groups_setting, self.threshold, self.max_groups)
+        self._install(groups)
+        return groups
+
+    def check_regroup(self) -> list[Move]:
+        """Move workers if their observed speeds drifted enough (hysteresis in the Regrouper)."""
+        if not self.grouped or self.regrouper is None or self.servers == 1:
+            return []
+        times = self.profiler.times()
+        proposal = self.regrouper.propose(times, [g for g in self.groups if g])
+        if proposal is None:
+            return []
+        proposal = self._fit_to_servers(proposal, times)
+        moves = [
+            Move(w, self.server_of[w], new)
+            for new, members in enumerate(proposal)
+            for w in members
+            if self.server_of[w] != new
+        ]
+        for move in moves:
+            self.policies[move.old].remove(move.worker)
+            self.policies[move.new].add(move.worker)
+            self.server_of[move.worker] = move.new
+        self.groups = [sorted(self.policies[s].clocks) for s in range(self.servers)]
+        return moves
+
+    def _install(self, groups: Groups) -> None:
+        self.groups = [sorted(g) for g in groups]
+        self.policies = [SSP(g, self.staleness) for g in self.groups]
+        self.server_of = {w: s for s, g in enumerate(self.groups) for w in g}
+        self._since_exchange = [0] * len(groups)
+
+    def _fit_to_servers(self, proposal: Groups, times: Sequence[float]) -> Groups:
+        """Map a proposal onto the fixed servers, fastest group to the fastest server slot."""
+        proposal = sorted(canonical(proposal), key=lambda g: min(times[w] for w in g))
+        while len(proposal) > self.servers:  # merge the two slowest groups
+            last = proposal.pop()
+            proposal[-1] = sorted(proposal[-1] + last)
+        return proposal + [[] for _ in range(self.servers - len(proposal))]
