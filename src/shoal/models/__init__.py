@@ -1,0 +1,51 @@
+"""Model registry: lenet5, mlp, resnet18 (CIFAR-style) and a small vgg11.
+
+Every factory takes ``(input_shape, num_classes, *, hidden=None)`` and sizes
+itself to the input, so any model runs on any built-in data set. Initial
+weights come from torch's global RNG: the caller seeds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from shoal.config import ConfigError
+from shoal.models.lenet import lenet5
+from shoal.models.mlp import mlp
+from shoal.models.resnet import resnet18
+from shoal.models.vgg import vgg11
+
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "lenet5": lenet5,
+    "mlp": mlp,
+    "resnet18": resnet18,
+    "vgg11": vgg11,
+}
+
+MIN_SIDE = 4  # smallest input side every model handles
+
+
+def build_model(
+    name: str, input_shape: tuple[int, int, int], num_classes: int, *, hidden: list[int] | None = None
+) -> nn.Module:
+    """Build ``name`` for inputs of ``input_shape`` (C, H, W); bad input raises ConfigError."""
+    if name not in MODELS:
+        raise ConfigError(f"model.name: unknown model {name!r}; use one of {', '.join(MODELS)}")
+    shape = tuple(int(s) for s in input_shape)
+    if len(shape) != 3 or shape[0] < 1 or min(shape[1:]) < MIN_SIDE:
+        raise ConfigError(f"model {name}: input shape {tuple(input_shape)} must be (C, H, W) with H, W >= {MIN_SIDE}")
+    if num_classes < 2:
+        raise ConfigError(f"model {name}: needs at least 2 classes, got {num_classes}")
+    if hidden is not None and (not hidden or any(w <= 0 for w in hidden)):
+        raise ConfigError(f"model.hidden: must be a non-empty list of positive widths, got {hidden}")
+    return MODELS[name](shape, num_classes, hidden=hidden)
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Trainable parameters: what a worker sends per full gradient."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+__all__ = ["MODELS", "build_model", "parameter_count"]
