@@ -64,7 +64,8 @@ def test_malformed_override():
 
 
 def test_resolved_config_round_trips_through_toml():
-    cfg = load_config(None, ["cluster.speeds=[1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]", "run.seed=3"])
+    cfg = load_config(None, ["cluster.speeds=[1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]", "run.seed=3",
+                             "cluster.speed_changes=[{worker = 1, at_s = 2.5, speed = 4.0}]", "sync.groups=3"])
     again = build_config(tomllib.loads(to_toml(cfg)))
     assert again == cfg
 

@@ -133,6 +133,7 @@ class SyncConfig(Section):
     max_groups: int = Field(8, ge=1, description="GSSP auto grouping: most groups to consider.")
     exchange_every: int = Field(4, ge=1, description="GSSP: a group server sends its own delta to its peers every this many local updates.")
     profile_iterations: int = Field(3, ge=1, description="GSSP: iterations per worker measured before the first grouping.")
+    profile_window: int = Field(20, ge=1, description="GSSP: a worker's speed is the 20th percentile of its last this many iteration times.")
     regroup: bool = Field(True, description="GSSP: move workers when their observed speed drifts.")
     regroup_margin: float = Field(0.15, ge=0, le=1, description="GSSP: how much better (in fit) a new grouping must be to move workers.")
     regroup_patience: int = Field(3, ge=1, description="GSSP: consecutive checks a better grouping must persist (absorbs transient stragglers).")
@@ -260,4 +261,6 @@ def _toml_value(value: Any) -> str:
         return json.dumps(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {value!r} as TOML")

@@ -132,7 +132,8 @@ class SimBackend:
         s = self.cfg.sync
         return GSSP(
             self.profile.workers, s.staleness, s.exchange_every, groups=s.groups, threshold=s.group_threshold,
-            max_groups=s.max_groups, profile_iterations=s.profile_iterations, regroup=s.regroup,
+            max_groups=s.max_groups, profile_iterations=s.profile_iterations, profile_window=s.profile_window,
+            regroup=s.regroup,
             regroup_margin=s.regroup_margin, regroup_patience=s.regroup_patience,
         )
 
@@ -173,12 +174,12 @@ class SimBackend:
             yield self.env.timeout(compute)
 
             t2 = self.env.now
-            target = self.server_of(w)  # a regroup may have moved this worker meanwhile
             yield self.env.timeout(profile.latency_s)
-            yield target.ingress.transfer(self.setup.upload_bytes, profile.link_bps)
+            yield self.server_of(w).ingress.transfer(self.setup.upload_bytes, profile.link_bps)
             push_s = self.env.now - t2
             if self.stop.triggered:
                 return
+            target = self.server_of(w)  # a regroup may have moved this worker while it computed
             self._deliver(w, target, push, staleness=target.version - pulled_version if target is server else None,
                           waited=waited, compute=compute, comm=pull_s + push_s, loss=loss)
 

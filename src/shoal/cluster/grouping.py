@@ -1,8 +1,7 @@
 """Profiling worker speed and grouping workers of similar speed (GSSP).
 
-Iteration times (compute + communication) are measured from the run itself:
-the first ``warmup`` iterations of a worker are averaged, then an
-exponential moving average follows drift. Groups are Jenks natural breaks
+Iteration times (compute + communication) are measured from the run itself,
+as a running low quantile over each worker's recent iterations. Groups are Jenks natural breaks
 (jenkspy), 1-D optimal clustering as the GSSP paper cites, over the
 *logarithm* of those times: inside an SSP group the fast wait in proportion
 to the speed ratio, so 1x vs 2x differs as much as 4x vs 8x.
@@ -11,6 +10,7 @@ Everything here is pure: no clocks, only numbers in and groups out.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -21,27 +21,25 @@ Groups = list[list[int]]
 
 
 class IterationProfiler:
-    """Per-worker iteration time: the median of the first iterations, then an EMA.
+    """Per-worker iteration time: a low quantile of its last ``window`` iterations.
 
-    The median keeps one straggling iteration during profiling from putting a
-    fast worker into a slow group; the EMA then follows sustained drift.
+    Transient stragglers only ever make iterations slower, so a low quantile
+    (default: the 25th percentile) ignores slow spells that cover less than
+    three quarters of the window, while a sustained change moves it once it
+    fills that much. Grouping may start after ``warmup`` iterations per
+    worker (quantile of what has been seen so far).
     """
 
-    def __init__(self, workers: int, warmup: int = 3, alpha: float = 0.2) -> None:
-        if warmup < 1 or not 0 < alpha <= 1:
-            raise ValueError("warmup must be >= 1 and 0 < alpha <= 1")
-        self.warmup, self.alpha = warmup, alpha
+    def __init__(self, workers: int, warmup: int = 3, window: int = 20, quantile: float = 0.2) -> None:
+        if warmup < 1 or window < 1 or not 0 <= quantile <= 1:
+            raise ValueError("warmup and window must be >= 1, quantile in [0, 1]")
+        self.warmup, self.window, self.quantile = warmup, window, quantile
         self.count = [0] * workers
-        self.estimate = [0.0] * workers
-        self._first: list[list[float]] = [[] for _ in range(workers)]
+        self._recent: list[deque[float]] = [deque(maxlen=window) for _ in range(workers)]
 
     def observe(self, worker: int, seconds: float) -> None:
         self.count[worker] += 1
-        if self.count[worker] <= self.warmup:
-            self._first[worker].append(seconds)
-            self.estimate[worker] = float(np.median(self._first[worker]))
-        else:
-            self.estimate[worker] += self.alpha * (seconds - self.estimate[worker])
+        self._recent[worker].append(seconds)
 
     @property
     def ready(self) -> bool:
@@ -49,7 +47,7 @@ class IterationProfiler:
         return min(self.count) >= self.warmup
 
     def times(self) -> list[float]:
-        return list(self.estimate)
+        return [float(np.quantile(r, self.quantile)) if r else 0.0 for r in self._recent]
 
 
 def goodness_of_variance_fit(values: Sequence[float], groups: Groups) -> float:
@@ -123,8 +121,8 @@ class Regrouper:
 
     A regroup happens only when the best grouping fits the current iteration
     times better than the current grouping by at least ``margin`` (in GVF) at
-    ``patience`` consecutive checks. Profiles are EMAs, so a transient
-    straggler moves its estimate briefly and the patience absorbs it.
+    ``patience`` consecutive checks. Profiles are running low quantiles, so a
+    transient straggler hardly moves them, and the patience absorbs the rest.
     """
 
     groups_setting: int | str

@@ -45,13 +45,14 @@ class GSSP:
         threshold: float = 0.95,
         max_groups: int = 8,
         profile_iterations: int = 3,
+        profile_window: int = 20,
         regroup: bool = True,
         regroup_margin: float = 0.15,
         regroup_patience: int = 3,
     ) -> None:
         self.workers, self.staleness, self.exchange_every = workers, staleness, exchange_every
         self.groups_setting, self.threshold, self.max_groups = groups, threshold, max_groups
-        self.profiler = IterationProfiler(workers, warmup=profile_iterations)
+        self.profiler = IterationProfiler(workers, warmup=profile_iterations, window=profile_window)
         self.regrouper = Regrouper(groups, threshold, max_groups, regroup_margin, regroup_patience) if regroup else None
         self.groups: Groups = [list(range(workers))]
         self.policies: list[SSP] = [SSP(range(workers), staleness)]

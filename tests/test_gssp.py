@@ -1,0 +1,146 @@
+"""GSSP: the pure policy, the own-delta exchange invariant, and end-to-end behaviour on sim."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.config import OptimizerConfig
+from shoal.engine.replica import Replica
+from shoal.runner import train
+from shoal.sync.gssp import GSSP
+
+from conftest import read_jsonl
+
+TIERS = "cluster.speeds=[1, 1, 1, 1, 8, 8, 8, 8]"
+
+
+def _profile(policy: GSSP, times: list[float], rounds: int) -> None:
+    for _ in range(rounds):
+        for w, t in enumerate(times):
+            policy.observe(w, t)
+
+
+def test_one_group_until_profiled_then_natural_breaks():
+    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2)
+    assert p.servers == 1 and p.initial_split() is None
+    _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=2)
+    assert p.initial_split() == [[0, 1], [2, 3]]
+    assert p.server_of == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert p.initial_split() is None  # only once
+
+
+def test_slow_group_gates_only_its_own_members():
+    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=1)
+    _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=1)
+    p.initial_split()
+    fast = p.policy(0)
+    for _ in range(10):  # the fast group runs on while the slow group has not pushed at all
+        for w in (0, 1):
+            assert fast.may_start(w)
+            fast.on_push(w)
+    assert p.policy(1).min_clock == 0
+
+
+def test_exchange_every_k_local_updates():
+    p = GSSP(4, staleness=1, exchange_every=3, profile_iterations=1)
+    assert not p.local_update(0)  # one server: nobody to exchange with
+    _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=1)
+    p.initial_split()
+    assert [p.local_update(0) for _ in range(6)] == [False, False, True, False, False, True]
+
+
+def test_regroup_moves_a_worker_that_slowed_down():
+    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=1, profile_window=4, regroup_patience=1)
+    _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=1)
+    p.initial_split()
+    _profile(p, [0.8, 0.1, 0.8, 0.8], rounds=4)
+    moves = p.check_regroup()
+    assert [(m.worker, m.old, m.new) for m in moves] == [(0, 0, 1)]
+    assert p.groups == [[1], [0, 2, 3]]
+    assert 0 in p.policy(1).clocks and 0 not in p.policy(0).clocks
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 4), st.integers(0, 10_000), st.booleans())
+def test_replicas_agree_once_all_deltas_are_delivered(n_groups, seed, adam):
+    """Whatever the interleaving of local steps, sends and deliveries, replicas end equal."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    opt = OptimizerConfig(name="adam" if adam else "sgd", lr=0.05, momentum=0.9, weight_decay=0.01)
+    start = Replica(torch.randn(50, generator=gen), torch.randn(6, generator=gen), opt, track_own=True)
+    replicas = [start.clone(opt) for _ in range(n_groups)]
+    in_flight: list[tuple[int, tuple[torch.Tensor, torch.Tensor]]] = []
+
+    def send(i: int) -> None:
+        delta = replicas[i].take_own_delta()
+        in_flight.extend((j, delta) for j in range(n_groups) if j != i)
+
+    for _ in range(60):
+        action, i = rng.random(), rng.randrange(n_groups)
+        if action < 0.5:
+            replicas[i].apply([torch.randn(50, generator=gen)], weight=0.25)
+            replicas[i].add_buffer_deltas([torch.randn(6, generator=gen)], weight=0.25)
+        elif action < 0.7:
+            send(i)
+        elif in_flight:
+            j, delta = in_flight.pop(rng.randrange(len(in_flight)))
+            replicas[j].receive_delta(*delta)
+    for i in range(n_groups):
+        send(i)
+    for j, delta in in_flight:
+        replicas[j].receive_delta(*delta)
+    for other in replicas[1:]:
+        assert torch.allclose(other.params.detach(), replicas[0].params.detach(), atol=1e-5)
+        assert torch.allclose(other.buffers, replicas[0].buffers, atol=1e-5)
+
+
+def _gssp(fast_config, *extra: str):
+    return fast_config("sync.scheme=gssp", "backend.mode=cost", "cluster.workers=8", TIERS,
+                       "sync.profile_iterations=3", "run.max_time_s=30", *extra)
+
+
+def test_gssp_frees_the_fast_workers_that_bsp_holds_back(fast_config, tmp_path):
+    gssp = train(_gssp(fast_config), tmp_path / "g")
+    bsp = train(_gssp(fast_config, "sync.scheme=bsp"), tmp_path / "b")
+    assert gssp["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    fast_g, fast_b = gssp["per_worker"][0], bsp["per_worker"][0]
+    assert fast_g["iterations"] > 6 * fast_b["iterations"]
+    assert fast_g["wait_s"] < 0.05 * fast_g["compute_s"] < fast_b["wait_s"]
+    # every push after the split (3 profiling iterations each, fast ones up to s further) is one group update
+    assert gssp["exchanges"] > 0
+    assert gssp["iterations"] - 8 * (3 + 3) <= sum(gssp["group_updates"]) <= gssp["iterations"] - 8 * 3
+
+
+def test_sustained_slowdown_is_regrouped_within_bounded_iterations(fast_config, tmp_path):
+    cfg = _gssp(fast_config, "cluster.speed_changes=[{worker = 0, at_s = 10.0, speed = 8.0}]")
+    train(cfg, tmp_path / "r")
+    events = read_jsonl(tmp_path / "r" / "metrics.jsonl")
+    regroups = [e for e in events if e["event"] == "groups" and e["reason"] == "regroup"]
+    assert len(regroups) == 1 and [0, 0, 1] in regroups[0]["moves"]
+    after = [e for e in events if e["event"] == "iteration" and e["worker"] == 0 and 10.0 <= e["t"] <= regroups[0]["t"]]
+    # the 20th-percentile estimate over a 20-iteration window moves after 17 slow iterations; plus patience
+    assert len(after) <= 25
+
+
+def test_transient_stragglers_do_not_cause_regrouping(fast_config, tmp_path):
+    cfg = _gssp(fast_config, "run.max_time_s=40", "cluster.stragglers.probability=0.05",
+                "cluster.stragglers.slowdown=4", "cluster.stragglers.duration=3", "sync.profile_iterations=10")
+    summary = train(cfg, tmp_path / "r")
+    events = read_jsonl(tmp_path / "r" / "metrics.jsonl")
+    assert sum(1 for e in events if e["event"] == "iteration" and e["worker"] == 0) > 1000
+    assert not [e for e in events if e["event"] == "groups" and e["reason"] == "regroup"]
+    assert summary["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_gssp_trains_and_evaluates_the_mean_of_the_replicas(fast_config, tmp_path):
+    cfg = fast_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.max_time_s=3",
+                      "run.stop_at_target=false")
+    summary = train(cfg, tmp_path / "r")
+    assert summary["groups"] == [[0, 1], [2, 3]]
+    assert summary["final_accuracy"] > 0.8
+    kinds = [e["event"] for e in read_jsonl(tmp_path / "r" / "metrics.jsonl")]
+    assert "exchange" in kinds
