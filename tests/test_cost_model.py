@@ -62,3 +62,17 @@ def test_work_conserving_and_never_faster_than_caps(flows):
     assert max(done.values()) - first_start >= total_bytes * 8 / capacity - 1e-6
     for i, (start, nbytes, cap) in enumerate(flows):
         assert done[i] - start >= nbytes * 8 / min(cap, capacity) - 1e-6
+
+
+def test_no_livelock_when_the_clock_is_large():
+    """Remaining times below the float spacing of `now` must complete, not re-arm forever."""
+    env = simpy.Environment(initial_time=12345.678901)
+    link = SharedLink(env, 10e9)
+    done = []
+    for i in range(7):
+        link.transfer(1234567.0 + i / 3, 10e9 / 3).callbacks.append(lambda e, i=i: done.append(i))
+    for _ in range(10_000):
+        if len(done) == 7:
+            break
+        env.step()
+    assert sorted(done) == list(range(7))

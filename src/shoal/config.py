@@ -146,10 +146,18 @@ class SyncConfig(Section):
         return v
 
 
+class GDTopKConfig(Section):
+    initial_density: float = Field(0.25, gt=0, le=1, description="Density at the start of the warm-up.")
+    warmup_epochs: float = Field(1.0, ge=0, description="Global epochs over which density shrinks to the final density.")
+    final_density_fast: float = Field(0.004, gt=0, le=1, description="Final density of the fastest group.")
+    final_density_slow: float = Field(0.015, gt=0, le=1, description="Final density of the slowest group (groups between are interpolated).")
+
+
 class CompressionConfig(Section):
-    method: Literal["none"] = Field("none", description="Gradient compressor for worker uploads.")
+    method: Literal["none", "topk", "gdtopk"] = Field("none", description="Compressor for worker uploads (gdtopk: per-group density schedule).")
     density: float = Field(0.01, gt=0, le=1, description="Fraction of values kept by sparsifying compressors.")
     error_feedback: bool = Field(True, description="Keep what was not sent and add it to the next gradient.")
+    gdtopk: GDTopKConfig = GDTopKConfig()
 
 
 class BackendConfig(Section):

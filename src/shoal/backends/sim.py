@@ -24,6 +24,7 @@ import simpy
 import torch
 
 from shoal.cluster import StragglerModel
+from shoal.compress import GDTopKSchedule, GradientCodec, make_compressor
 from shoal.config import Config
 from shoal.engine.cost import SharedLink
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
@@ -37,10 +38,11 @@ ProgressFn = Callable[[dict[str, Any]], None]
 
 @dataclass
 class Push:
-    """What a worker sent: its gradient and its batch-norm buffer change."""
+    """What a worker sent: its (reconstructed) gradient, its batch-norm buffer change, and the bytes."""
 
     grad: torch.Tensor | None
     buffer_delta: torch.Tensor | None
+    nbytes: int
 
 
 class SimServer:
@@ -121,6 +123,9 @@ class SimBackend:
         self.gssp = self._make_gssp() if self.cfg.sync.scheme == "gssp" else None
         policy = self.gssp.policy(0) if self.gssp else make_policy(self.cfg.sync.scheme, range(n), self.cfg.sync.staleness)
         self.servers = [self._make_server(policy, self._initial_replica())]
+        self.codecs = self._make_codecs()
+        gd = self.cfg.compression.gdtopk
+        self.schedule = GDTopKSchedule(gd.initial_density, gd.warmup_epochs, gd.final_density_fast, gd.final_density_slow)
         self.exchanges = 0
         self.bytes_exchange = 0.0
         self.stop = self.env.event()
@@ -142,6 +147,25 @@ class SimBackend:
             return None
         params, buffers = self.setup.engine.initial_state()
         return Replica(params, buffers, self.cfg.optimizer, track_own=self.gssp is not None)
+
+    def _make_codecs(self) -> list[GradientCodec]:
+        compressor = make_compressor(self.cfg.compression.method)
+        if compressor is None:
+            return []
+        layout = self.setup.engine.layout
+        return [GradientCodec(compressor, layout, self.cfg.compression.error_feedback) for _ in self.stats]
+
+    def density(self, worker: int) -> float:
+        """Upload density of ``worker`` now: fixed for topk, scheduled per group for gdtopk."""
+        if self.cfg.compression.method != "gdtopk":
+            return self.cfg.compression.density
+        epoch = self.recorder.iterations * self.cfg.data.batch_size / max(1, self.setup.n_train)
+        times = self.gssp.profiler.times() if self.gssp is not None and self.gssp.grouped else []
+        if not times or min(times) <= 0:
+            return self.schedule.density(epoch, 1.0, 1.0, 1.0)
+        members = self.gssp.groups[self.gssp.server_of[worker]]
+        group_time = float(sorted(times[m] for m in members)[len(members) // 2])
+        return self.schedule.density(epoch, group_time, min(times), max(times))
 
     def _make_server(self, policy: SyncPolicy, replica: Replica | None) -> SimServer:
         return SimServer(self.env, policy, replica, 1.0 / self.profile.workers, self.profile.server_bps)
@@ -175,7 +199,7 @@ class SimBackend:
 
             t2 = self.env.now
             yield self.env.timeout(profile.latency_s)
-            yield self.server_of(w).ingress.transfer(self.setup.upload_bytes, profile.link_bps)
+            yield self.server_of(w).ingress.transfer(push.nbytes, profile.link_bps)
             push_s = self.env.now - t2
             if self.stop.triggered:
                 return
@@ -187,7 +211,7 @@ class SimBackend:
                  compute: float, comm: float, loss: float | None) -> None:
         """The server takes the push; record it; let GSSP react (exchange, split, regroup)."""
         applied = server.receive(w, push)
-        self._account(w, waited, compute, comm)
+        self._account(w, waited, compute, comm, push.nbytes)
         self.recorder.iteration(
             t=self.env.now, worker=w, group=self.stats[w].group, clock=server.policy.clocks[w],
             staleness=staleness, compute_s=compute, wait_s=waited, comm_s=comm, loss=loss,
@@ -198,19 +222,25 @@ class SimBackend:
             self._finish("iteration_budget")
 
     def _compute(self, w: int, pulled: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[Push, float | None]:
+        """The worker's push: real (compressed) gradient in train mode, sizes only in cost mode."""
+        buffer_bytes = 4 * self.setup.num_buffer_values
         if pulled is None:
-            return Push(None, None), None
+            grad_bytes = self.codecs[w].nominal_bytes(self.density(w)) if self.codecs else 4 * self.setup.engine.num_params
+            return Push(None, None, grad_bytes + buffer_bytes), None
         x, y = self.setup.streams[w].next()
         grad, buffer_delta, loss = self.setup.engine.gradient(pulled[0], pulled[1], x, y)
-        return Push(grad, buffer_delta), round(loss, 6)
+        grad_bytes = 4 * grad.numel()
+        if self.codecs:
+            grad, grad_bytes = self.codecs[w].encode(grad, self.density(w))
+        return Push(grad, buffer_delta, grad_bytes + buffer_bytes), round(loss, 6)
 
-    def _account(self, w: int, waited: float, compute: float, comm: float) -> None:
+    def _account(self, w: int, waited: float, compute: float, comm: float, up_bytes: int) -> None:
         stats = self.stats[w]
         stats.iterations += 1
         stats.wait_s += waited
         stats.compute_s += compute
         stats.comm_s += comm
-        self.recorder.bytes_up += self.setup.upload_bytes
+        self.recorder.bytes_up += up_bytes
         self.recorder.bytes_down += self.setup.download_bytes
 
     # -- GSSP ---------------------------------------------------------------------
@@ -301,6 +331,9 @@ class SimBackend:
             reached = self.recorder.evaluation(self.env.now, accuracy, loss, self.cfg.run.target_accuracy)
             if reached and self.cfg.run.stop_at_target:
                 self._finish("target_reached")
+        if self.codecs and self.cfg.sync.scheme == "gssp":
+            densities = [self.density(members[0]) if members else None for members in self._groups()]
+            self.recorder.event("densities", t=self.env.now, densities=densities)
         if self.progress is not None:
             self.progress({"t": self.env.now, "iterations": self.recorder.iterations, "accuracy": accuracy})
 

@@ -102,9 +102,12 @@ class SharedLink:
         self._arm_timer()
 
     def _complete_finished(self) -> None:
+        # A flow is done when what is left would take less than the clock can resolve:
+        # delays under the float spacing of `now` would never advance time.
+        time_tol = 1e-11 * max(1.0, self.env.now)
         for cap in list(self._classes):
             cls = self._classes[cap]
-            while cls.flows and cls.flows[0][0] - cls.attained <= 1e-9 * max(1.0, cls.flows[0][0]):
+            while cls.flows and cls.flows[0][0] - cls.attained <= cls.rate * time_tol + 1e-9 * cls.flows[0][0]:
                 heapq.heappop(cls.flows)[2].succeed()
             if not cls.flows:
                 del self._classes[cap]

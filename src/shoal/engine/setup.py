@@ -29,14 +29,13 @@ class RunSetup:
         return self.cfg.backend.mode == "train"
 
     @property
-    def upload_bytes(self) -> int:
-        """A dense gradient push: float32 gradients plus batch-norm buffer changes."""
-        return 4 * (self.engine.num_params + self.num_buffer_values)
-
-    @property
     def download_bytes(self) -> int:
         """A parameter pull: float32 parameters plus batch-norm buffers."""
         return 4 * (self.engine.num_params + self.num_buffer_values)
+
+    @property
+    def n_train(self) -> int:
+        return len(self.dataset.y_train)
 
     @property
     def num_buffer_values(self) -> int:

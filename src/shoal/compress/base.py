@@ -1,0 +1,77 @@
+"""The compressor and memory protocols."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What travels for one tensor: ``tensors`` are sent; ``ctx`` is known to both sides (shape)."""
+
+    tensors: tuple[torch.Tensor, ...]
+    ctx: Any
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+class Compressor(ABC):
+    """Compress one tensor into a payload with an exact byte size, and back."""
+
+    name: str = "base"
+    #: whether E[decompress(compress(x))] == x (then error feedback is optional)
+    unbiased: bool = True
+
+    @abstractmethod
+    def compress(self, tensor: torch.Tensor, density: float) -> Payload:
+        """Encode ``tensor``; ``density`` is the fraction of values a sparsifier keeps."""
+
+    @abstractmethod
+    def decompress(self, payload: Payload) -> torch.Tensor:
+        """The dense tensor the receiver reconstructs."""
+
+    def nominal_bytes(self, numel: int, density: float) -> int:
+        """Payload size for a tensor of ``numel`` values without looking at values (cost mode)."""
+        return self.compress(torch.zeros(numel), density).nbytes
+
+
+class Memory(ABC):
+    """Error feedback state, one residual per tensor key."""
+
+    @abstractmethod
+    def compensate(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The tensor to compress: the gradient plus what was not sent before."""
+
+    @abstractmethod
+    def update(self, key: str, compensated: torch.Tensor, sent: torch.Tensor) -> None:
+        """Remember what was not sent: compensated - sent."""
+
+
+class NoMemory(Memory):
+    """No error feedback: what is dropped is lost."""
+
+    def compensate(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def update(self, key: str, compensated: torch.Tensor, sent: torch.Tensor) -> None:
+        return None
+
+
+class ResidualMemory(Memory):
+    """Error feedback: the residual is added to the next gradient, so no gradient mass is lost."""
+
+    def __init__(self) -> None:
+        self.residuals: dict[str, torch.Tensor] = {}
+
+    def compensate(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        residual = self.residuals.get(key)
+        return tensor if residual is None else tensor + residual
+
+    def update(self, key: str, compensated: torch.Tensor, sent: torch.Tensor) -> None:
+        self.residuals[key] = compensated - sent

@@ -1,0 +1,50 @@
+"""A worker's gradient codec: compensate, compress, and account, tensor by tensor."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from shoal.compress.base import Compressor, Memory, NoMemory, ResidualMemory
+from shoal.compress.sparsify import TopK
+from shoal.engine.gradients import TensorSlot
+
+COMPRESSORS: dict[str, type[Compressor]] = {"topk": TopK, "gdtopk": TopK}
+
+
+def make_compressor(method: str) -> Compressor | None:
+    """The compressor of a ``[compression] method`` (None for "none")."""
+    if method == "none":
+        return None
+    return COMPRESSORS[method]()
+
+
+class GradientCodec:
+    """Encodes one worker's flat gradient per parameter tensor, with optional error feedback.
+
+    ``encode`` returns what the server reconstructs (a dense flat tensor) and
+    the exact number of payload bytes that travelled.
+    """
+
+    def __init__(self, compressor: Compressor, layout: Sequence[TensorSlot], error_feedback: bool) -> None:
+        self.compressor = compressor
+        self.layout = list(layout)
+        self.memory: Memory = ResidualMemory() if error_feedback else NoMemory()
+
+    def encode(self, grad: torch.Tensor, density: float) -> tuple[torch.Tensor, int]:
+        received = torch.empty_like(grad)
+        nbytes = 0
+        for slot in self.layout:
+            piece = grad[slot.offset : slot.offset + slot.numel]
+            compensated = self.memory.compensate(slot.name, piece)
+            payload = self.compressor.compress(compensated, density)
+            sent = self.compressor.decompress(payload).reshape(-1)
+            self.memory.update(slot.name, compensated, sent)
+            received[slot.offset : slot.offset + slot.numel] = sent
+            nbytes += payload.nbytes
+        return received, nbytes
+
+    def nominal_bytes(self, density: float) -> int:
+        """Payload bytes of one push without a gradient (cost mode)."""
+        return sum(self.compressor.nominal_bytes(slot.numel, density) for slot in self.layout)
