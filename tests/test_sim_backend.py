@@ -34,7 +34,7 @@ def test_one_bsp_round_applies_the_mean_gradient(fast_config):
     backend = SimBackend(setup, RunRecorder())
     backend.run()
     expected = p0 - cfg.optimizer.lr * (expected_grads[0] + expected_grads[1]) / 2
-    assert torch.allclose(backend.server.replica.params.detach(), expected, atol=1e-6)
+    assert torch.allclose(backend.servers[0].replica.params.detach(), expected, atol=1e-6)
 
 
 def test_asp_applies_each_gradient_with_weight_one_over_n(fast_config):
@@ -46,7 +46,7 @@ def test_asp_applies_each_gradient_with_weight_one_over_n(fast_config):
     g0 = setup.engine.gradient(p0, b0, x, y)[0]
     backend = SimBackend(setup, RunRecorder())
     backend.run()
-    assert torch.allclose(backend.server.replica.params.detach(), p0 - cfg.optimizer.lr * g0 / 2, atol=1e-6)
+    assert torch.allclose(backend.servers[0].replica.params.detach(), p0 - cfg.optimizer.lr * g0 / 2, atol=1e-6)
 
 
 def test_bsp_on_equal_workers_never_waits_and_is_never_stale(fast_config, tmp_path):

@@ -154,9 +154,11 @@ class GDTopKConfig(Section):
 
 
 class CompressionConfig(Section):
-    method: Literal["none", "topk", "gdtopk"] = Field("none", description="Compressor for worker uploads (gdtopk: per-group density schedule).")
+    method: Literal["none", "fp16", "topk", "randk", "dgc", "qsgd", "gdtopk"] = Field(
+        "none", description="Compressor for worker uploads (gdtopk: top-k with a per-group density schedule)."
+    )
     density: float = Field(0.01, gt=0, le=1, description="Fraction of values kept by sparsifying compressors.")
-    error_feedback: bool = Field(True, description="Keep what was not sent and add it to the next gradient.")
+    error_feedback: bool = Field(True, description="Keep what was not sent and add it to the next gradient (biased compressors only: unbiased ones, randk and qsgd, skip it because feeding back their variance diverges).")
     gdtopk: GDTopKConfig = GDTopKConfig()
 
 

@@ -153,7 +153,13 @@ class SimBackend:
         if compressor is None:
             return []
         layout = self.setup.engine.layout
-        return [GradientCodec(compressor, layout, self.cfg.compression.error_feedback) for _ in self.stats]
+        # Error feedback accumulates what a compressor dropped; for an unbiased
+        # compressor that is its variance, which feedback amplifies (measured: the
+        # residual of scaled randk grows without bound), so only biased ones use it.
+        feedback = self.cfg.compression.error_feedback and not compressor.unbiased
+        method, seed = self.cfg.compression.method, self.cfg.run.seed
+        return [GradientCodec(make_compressor(method, seed=(seed * 1_000_003 + w) % 2**31), layout, feedback)
+                for w in range(len(self.stats))]
 
     def density(self, worker: int) -> float:
         """Upload density of ``worker`` now: fixed for topk, scheduled per group for gdtopk."""

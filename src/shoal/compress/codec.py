@@ -7,17 +7,24 @@ from collections.abc import Sequence
 import torch
 
 from shoal.compress.base import Compressor, Memory, NoMemory, ResidualMemory
-from shoal.compress.sparsify import TopK
+from shoal.compress.quantize import FP16, QSGD
+from shoal.compress.sparsify import DGC, RandK, TopK
 from shoal.engine.gradients import TensorSlot
 
-COMPRESSORS: dict[str, type[Compressor]] = {"topk": TopK, "gdtopk": TopK}
+COMPRESSORS: dict[str, type[Compressor]] = {
+    "topk": TopK, "gdtopk": TopK, "fp16": FP16, "randk": RandK, "dgc": DGC, "qsgd": QSGD,
+}
 
 
-def make_compressor(method: str) -> Compressor | None:
-    """The compressor of a ``[compression] method`` (None for "none")."""
+SEEDED = ("randk", "dgc", "qsgd")
+
+
+def make_compressor(method: str, seed: int = 0) -> Compressor | None:
+    """The compressor of a ``[compression] method`` (None for "none"); random ones take ``seed``."""
     if method == "none":
         return None
-    return COMPRESSORS[method]()
+    cls = COMPRESSORS[method]
+    return cls(seed=seed) if method in SEEDED else cls()
 
 
 class GradientCodec:

@@ -1,0 +1,131 @@
+"""Quantizers: FP16 (half precision) and QSGD (stochastic levels, unbiased)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from shoal.compress.base import Compressor, Payload
+
+FP16_MAX = float(torch.finfo(torch.float16).max)
+
+
+class FP16(Compressor):
+    """Every value as float16: ``nbytes = 2 * numel``; ``density`` is ignored.
+
+    Values beyond the float16 range are clamped to +-65504 (not sent as inf);
+    the receiver widens back to float32. Round-to-nearest is deterministic, so
+    the only bias is the rounding error (relative 2^-11, more for subnormals).
+    """
+
+    name = "fp16"
+    unbiased = False
+
+    def compress(self, tensor: torch.Tensor, density: float) -> Payload:
+        flat = tensor.reshape(-1).to(torch.float32).clamp(-FP16_MAX, FP16_MAX)
+        return Payload((flat.to(torch.float16),), tensor.shape)
+
+    def decompress(self, payload: Payload) -> torch.Tensor:
+        (half,) = payload.tensors
+        return half.to(torch.float32).view(payload.ctx)
+
+    def nominal_bytes(self, numel: int, density: float) -> int:
+        return 2 * numel
+
+
+def level_bits(levels: int) -> int:
+    """Bits of one QSGD symbol: sign and level together take ``2 * levels + 1`` values."""
+    return math.ceil(math.log2(2 * levels + 1))
+
+
+def pack_bits(symbols: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack non-negative integers below ``2**bits`` into bytes, most significant bit first."""
+    if bits == 8:
+        return symbols.to(torch.uint8)
+    shifts = torch.arange(bits - 1, -1, -1, dtype=torch.int32)
+    stream = ((symbols.to(torch.int32).unsqueeze(1) >> shifts) & 1).to(torch.uint8).reshape(-1)
+    pad = (-stream.numel()) % 8
+    if pad:
+        stream = torch.cat((stream, stream.new_zeros(pad)))
+    weights = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.int32)
+    return (stream.view(-1, 8).to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
+
+
+def unpack_bits(packed: torch.Tensor, count: int, bits: int) -> torch.Tensor:
+    """The ``count`` integers that :func:`pack_bits` packed (int64)."""
+    if bits == 8:
+        return packed[:count].to(torch.int64)
+    shifts = torch.arange(7, -1, -1, dtype=torch.uint8)
+    stream = ((packed.unsqueeze(1) >> shifts) & 1).reshape(-1)[: count * bits]
+    weights = torch.ones(bits, dtype=torch.int64) << torch.arange(bits - 1, -1, -1)
+    return (stream.view(count, bits).to(torch.int64) * weights).sum(dim=1)
+
+
+class QSGD(Compressor):
+    """QSGD (Alistarh et al., NeurIPS 2017): stochastic rounding to ``levels`` levels per bucket norm.
+
+    The tensor is cut into buckets of ``bucket_size`` values (``None`` or 0:
+    one bucket, one norm for the whole tensor). For a value ``v`` in a bucket
+    of 2-norm ``n``: ``level = floor(|v| / n * s + u)`` with ``u ~ U[0, 1)``
+    from a seeded generator, and the receiver takes ``n * sign(v) * level / s``;
+    E[level] = |v| / n * s, so the estimate is unbiased. Variance is at most
+    ``min(d / s^2, sqrt(d) / s) * |x|^2`` for buckets of ``d`` values.
+
+    Defaults: ``levels = 127``, ``bucket_size = 512``. Sign and level form one
+    symbol ``sign * level + s`` in ``[0, 2s]``; with s = 127 that is exactly
+    255 symbols, one byte per value (4x less than float32), and the variance
+    bound is 512 / 127^2 = 0.03, below 1, so error feedback stays contractive
+    (with fewer levels or one norm per large tensor it would not be, and
+    error feedback would amplify the noise). Bucket size 512 follows the QSGD
+    paper's experiments.
+
+    Wire format: ``norms`` float32[ceil(numel / d)] and ``symbols`` uint8,
+    ``ceil(numel * b / 8)`` bytes holding ``b = ceil(log2(2s + 1))`` bits per
+    value, most significant bit first (no padding between values). So
+    ``nbytes = 4 * ceil(numel / d) + ceil(numel * b / 8)``. ``density`` is
+    ignored.
+    """
+
+    name = "qsgd"
+    unbiased = True
+
+    def __init__(self, levels: int = 127, bucket_size: int | None = 512, seed: int = 0) -> None:
+        if not 1 <= levels <= 2**15:
+            raise ValueError(f"qsgd levels must be in [1, 32768], got {levels}")
+        if bucket_size is not None and bucket_size < 0:
+            raise ValueError(f"qsgd bucket_size must be positive (or 0/None for one bucket), got {bucket_size}")
+        self.levels = levels
+        self.bucket_size = bucket_size or None
+        self.bits = level_bits(levels)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def _bucket(self, numel: int) -> int:
+        return max(1, numel if self.bucket_size is None else min(self.bucket_size, numel))
+
+    def compress(self, tensor: torch.Tensor, density: float) -> Payload:
+        flat = tensor.reshape(-1).to(torch.float32)
+        numel = flat.numel()
+        d = self._bucket(numel)
+        buckets = math.ceil(numel / d)
+        padded = torch.zeros(buckets * d, dtype=torch.float32)
+        padded[:numel] = flat
+        padded = padded.view(buckets, d)
+        norms = torch.linalg.vector_norm(padded, dim=1)
+        safe = torch.where(norms > 0, norms, torch.ones_like(norms)).unsqueeze(1)
+        scaled = (padded.abs() / safe * self.levels).reshape(-1)[:numel]
+        noise = torch.rand(numel, generator=self.generator)
+        level = torch.floor_(scaled.add_(noise)).clamp_(0, self.levels)
+        symbols = torch.copysign(level, flat).add_(self.levels).to(torch.int32)
+        return Payload((norms, pack_bits(symbols, self.bits)), tensor.shape)
+
+    def decompress(self, payload: Payload) -> torch.Tensor:
+        norms, packed = payload.tensors
+        numel = math.prod(payload.ctx)
+        d = self._bucket(numel)
+        signed = (unpack_bits(packed, numel, self.bits) - self.levels).to(torch.float32)
+        scale = (norms / self.levels).repeat_interleave(d)[:numel]
+        return (signed * scale).view(payload.ctx)
+
+    def nominal_bytes(self, numel: int, density: float) -> int:
+        return 4 * math.ceil(numel / self._bucket(numel)) + math.ceil(numel * self.bits / 8)
