@@ -109,7 +109,7 @@ class RandK(Compressor):
         return 4 * keep_count(numel, density) + 4
 
 
-class DGC(Compressor):
+class DGC(TopK):
     """Deep Gradient Compression's top-k by a sampled threshold (Lin et al., ICLR 2018).
 
     The threshold is the top-``density`` quantile of |values| at
@@ -162,9 +162,3 @@ class DGC(Compressor):
                 indices = indices[torch.topk(magnitude[indices], k, sorted=False).indices]
         return Payload((flat[indices].to(torch.float32), indices.to(torch.int32)), tensor.shape)
 
-    def decompress(self, payload: Payload) -> torch.Tensor:
-        values, indices = payload.tensors
-        return scatter(values, indices, payload.ctx)
-
-    def nominal_bytes(self, numel: int, density: float) -> int:
-        return 8 * keep_count(numel, density)
