@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/shoal train --config examples/mnist_tiers.toml --out runs/demo
+	$(BIN)/shoal train --config examples/mnist_tiers.toml --set sync.scheme=gssp --out runs/demo --overwrite
+	@echo "outputs: runs/demo/summary.json, runs/demo/metrics.jsonl, runs/demo/config.toml"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
