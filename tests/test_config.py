@@ -35,6 +35,16 @@ def test_nested_section_override():
         ("data.name=imagenet", "unknown data set"),
         ("run.target_accuracy=1.5", "run.target_accuracy"),
         ("optimizer.lr=0", "optimizer.lr"),
+        ("sync.groups=0", "sync.groups"),
+        ("sync.groups=\"many\"", "sync.groups"),
+        ("sync.exchange_every=0", "sync.exchange_every"),
+        ("sync.group_threshold=1.5", "sync.group_threshold"),
+        ("sync.profile_window=0", "sync.profile_window"),
+        ("compression.method=zip", "compression.method"),
+        ("compression.gdtopk.final_density_fast=2", "compression.gdtopk.final_density_fast"),
+        ("compression.gdtopk.warmup_epochs=-1", "compression.gdtopk.warmup_epochs"),
+        ("cluster.speed_changes=[{worker = 99, at_s = 1.0, speed = 2.0}]", "speed_changes names worker 99"),
+        ("cluster.speed_changes=[{worker = 0, at_s = 1.0}]", "cluster.speed_changes.0.speed"),
     ],
 )
 def test_bad_values_name_the_key(override, fragment):
