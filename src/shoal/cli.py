@@ -10,6 +10,7 @@ import sys
 
 import typer
 
+from shoal.commands.route import route
 from shoal.commands.train import train
 
 app = typer.Typer(
@@ -19,6 +20,7 @@ app = typer.Typer(
     help="Data-parallel training on heterogeneous clusters (GSSP, SIM, GDTopK, GRID).",
 )
 app.command("train")(train)
+app.command("route")(route)
 
 
 @app.callback()

@@ -1,0 +1,121 @@
+"""`shoal route`: plan in-network gradient aggregation on a topology and compare algorithms."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from shoal.commands.common import user_errors_exit_2
+from shoal.config import ConfigError
+
+if TYPE_CHECKING:  # the network package (numpy, scipy, highspy) loads only when the command runs
+    from shoal.network import Instance, Result
+
+ALGO_HELP = "grid | rgria | exact | geryon | atp | switchml | all, or a comma-separated list."
+
+
+@user_errors_exit_2
+def route(
+    topology: Annotated[str, typer.Option(help="fattree:k=8[,hosts=4] | leafspine:spines=30,leaves=30[,hosts=10] | FILE.json")],
+    workers: Annotated[Optional[str], typer.Option(help="Worker count (random hosts, by --seed) or host1,host2,...; default: the file's list, else every host but the PS.")] = None,
+    ps: Annotated[Optional[str], typer.Option(help="Host of the parameter server; default: the file's, else a random host.")] = None,
+    programmable: Annotated[Optional[str], typer.Option(help="tor | all | none | random:FRACTION | file | SWITCHES.json; default: file for JSON topologies, tor otherwise.")] = None,
+    capacity: Annotated[Optional[str], typer.Option(help="Switch aggregation capacity, Gbps: C or LO:HI (uniform, by --seed); default: the file's, else 100:3200.")] = None,
+    link_gbps: Annotated[Optional[str], typer.Option(help="Bandwidth of every link, Gbps, or inf (the paper's link-free model); default: the file's, else 100.")] = None,
+    ps_gbps: Annotated[float, typer.Option(help="PS ingress bandwidth B, Gbps.")] = 100.0,
+    worker_gbps: Annotated[float, typer.Option(help="Maximum worker sending rate T, Gbps.")] = 100.0,
+    seed: Annotated[int, typer.Option(help="Seeds placement, programmable switches, capacities and rgria's rounding.")] = 0,
+    algo: Annotated[str, typer.Option(help=ALGO_HELP)] = "grid",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (per algorithm: min_rate_gbps, bound_gbps, ps_load_gbps, ...).")] = False,
+    plot: Annotated[Optional[Path], typer.Option(help="Draw the topology with each plan into this PNG.")] = None,
+    save: Annotated[Optional[Path], typer.Option(help="Write the instance (with capacities, PS, workers) as a topology JSON file.")] = None,
+) -> None:
+    """Plan where gradients are aggregated (GRID) and score every plan with one honest evaluator."""
+    from shoal.network import build_instance, parse_topology_spec, solve
+    from shoal.network.instance import parse_bandwidth, parse_range, parse_workers
+    from shoal.network.routing import Routes
+    from shoal.network.topology import save_topology
+
+    algos = _parse_algos(algo)
+    _check_output(plot, "--plot", ".png")
+    _check_output(save, "--save", ".json")
+    from_file = topology.split(":", 1)[0] not in ("fattree", "leafspine")
+    link = parse_bandwidth(link_gbps, "--link-gbps") if link_gbps is not None else None
+    graph = parse_topology_spec(topology, link)
+    cap_spec = capacity if capacity is not None else (None if from_file else "100:3200")
+    inst = build_instance(
+        graph,
+        workers=parse_workers(workers),
+        ps=ps,
+        programmable=programmable or ("file" if from_file else "tor"),
+        capacity=parse_range(cap_spec, "--capacity") if cap_spec is not None else None,
+        ps_gbps=ps_gbps,
+        worker_gbps=worker_gbps,
+        seed=seed,
+        source=topology if from_file else "--topology",
+    )
+    routes = Routes(inst.graph)
+    results = [solve(inst, a, seed, routes) for a in algos]
+    if plot is not None:
+        from shoal.network.plot import draw_plans
+
+        draw_plans(inst, results, plot)
+    if save is not None:
+        save_topology(inst.graph, save, inst.ps, inst.workers)
+    if as_json:
+        typer.echo(json.dumps({"instance": inst.describe(), "results": {r.algo: r.to_json() for r in results}}, indent=2))
+    else:
+        _print_table(inst, results)
+
+
+def _parse_algos(spec: str) -> list[str]:
+    from shoal.network import ALGORITHMS
+
+    names = list(ALGORITHMS) if spec.strip() == "all" else [a.strip() for a in spec.split(",") if a.strip()]
+    unknown = [a for a in names if a not in ALGORITHMS]
+    if unknown or not names:
+        raise ConfigError(f"--algo: unknown algorithm {unknown[0] if unknown else spec!r}; {ALGO_HELP}")
+    return names
+
+
+def _check_output(path: Path | None, option: str, suffix: str) -> None:
+    """Fail before planning, not after, when an output file cannot be written."""
+    if path is None:
+        return
+    if path.suffix.lower() != suffix:
+        raise ConfigError(f"{option}: {path}: expected a {suffix} file name")
+    if not path.parent.exists():
+        raise ConfigError(f"{option}: {path}: folder {path.parent} does not exist")
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return "inf" if math.isinf(x) else f"{x:.{digits}f}"
+
+
+def _print_table(inst: Instance, results: Sequence[Result]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    d = inst.describe()
+    links = "links unconstrained (paper's model)" if not d["links_constrained"] else "link bandwidths enforced"
+    table = Table(title=f"{d['topology']}: {d['workers']} workers, PS {d['ps']}, {d['programmable']} programmable switches, "
+                        f"B={d['ps_gbps']:g} Gbps, T={d['worker_gbps']:g} Gbps, {links}")
+    for col in ("algorithm", "min rate Gbps", "bound", "claimed", "PS streams", "agg switches", "max switch util", "max link util", "violations", "bottleneck", "solve s"):
+        table.add_column(col, justify="left" if col in ("algorithm", "bottleneck") else "right")
+    for r in results:
+        ev = r.evaluation
+        worst = max((v.factor for v in ev.violations), default=None)
+        viol = "0" if not ev.violations else f"{len(ev.violations)} (worst x{_fmt(worst)})"
+        table.add_row(r.algo, _fmt(ev.min_rate_gbps, 3), _fmt(r.bound_gbps), _fmt(r.plan.claimed_rate_gbps), str(ev.ps_streams), str(len(ev.switch_workers)),
+                      _fmt(ev.max_switch_utilisation), _fmt(ev.max_link_utilisation), viol, ev.bottleneck, f"{r.solve_s:.3f}")
+    console = Console(width=200)
+    console.print(table)
+    console.print("min rate: the highest rate every worker can send at under the plan, breaking nothing (the evaluator's verdict). "
+                  "claimed: the rate the algorithm promised; utilisations and violations are measured at it.")

@@ -1,0 +1,165 @@
+"""`shoal route` end to end: table, JSON contract, plot, and exit code 2 with one line for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from shoal.commands.route import route
+
+CONTRACT = {"min_rate_gbps", "bound_gbps", "ps_load_gbps", "max_switch_utilisation", "violations", "solve_s"}
+
+
+@pytest.fixture(scope="module")
+def app() -> typer.Typer:
+    """`route` on its own app, so these tests do not depend on the other commands importing."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command("route")(route)
+
+    @app.callback()
+    def _root() -> None:
+        """Keep `route` a subcommand."""
+
+    return app
+
+
+def run(app: typer.Typer, *args: str):
+    return CliRunner().invoke(app, ["route", *args])
+
+
+def test_route_is_registered_on_the_shoal_cli() -> None:
+    from shoal.cli import app as shoal_app
+
+    names = {c.name for c in shoal_app.registered_commands}
+    assert "route" in names
+
+
+def test_table_output(app) -> None:
+    res = run(app, "--topology", "fattree:k=4", "--workers", "10", "--programmable", "random:0.3", "--algo", "grid,atp,geryon", "--seed", "2")
+    assert res.exit_code == 0, res.output
+    for word in ("grid", "atp", "geryon", "min rate Gbps", "violations", "10 workers"):
+        assert word in res.stdout
+
+
+def test_json_contract_for_every_algorithm(app) -> None:
+    res = run(app, "--topology", "fattree:k=8", "--workers", "100", "--programmable", "random:0.2", "--capacity", "100:3200",
+              "--ps-gbps", "100", "--seed", "1", "--algo", "all", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["instance"]["workers"] == 100 and out["instance"]["programmable"] == 16
+    results = out["results"]
+    assert set(results) == {"grid", "rgria", "exact", "geryon", "atp", "switchml"}
+    for name, rec in results.items():
+        assert CONTRACT <= set(rec), name
+        assert len(rec["assignment"]) == 100
+    assert results["grid"]["violations"] == []
+    assert results["rgria"]["bound_gbps"] >= results["exact"]["bound_gbps"] - 1e-6
+    assert results["rgria"]["violations"] and all(v["factor"] > 1 for v in results["rgria"]["violations"])
+    assert results["geryon"]["min_rate_gbps"] == pytest.approx(1.0)  # B / N
+    assert results["geryon"]["bound_gbps"] is None
+    assert results["grid"]["min_rate_gbps"] >= 2 * results["atp"]["min_rate_gbps"]
+
+
+def test_unconstrained_links_give_the_papers_model(app) -> None:
+    res = run(app, "--topology", "leafspine:spines=4,leaves=6,hosts=4", "--workers", "20", "--link-gbps", "inf", "--algo", "grid,exact", "--json")
+    results = json.loads(res.stdout)["results"]
+    assert results["grid"]["min_rate_gbps"] == pytest.approx(results["exact"]["min_rate_gbps"])
+    assert results["grid"]["max_link_utilisation"] is None
+
+
+def test_plot_and_save_round_trip(app, tmp_path: Path) -> None:
+    png, topo = tmp_path / "plan.png", tmp_path / "inst.json"
+    res = run(app, "--topology", "fattree:k=4", "--workers", "8", "--algo", "grid,atp", "--plot", str(png), "--save", str(topo), "--json")
+    assert res.exit_code == 0, res.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    first = json.loads(res.stdout)["results"]
+    again = run(app, "--topology", str(topo), "--algo", "grid,atp", "--json")  # PS, workers, capacities from the file
+    assert again.exit_code == 0, again.output
+    second = json.loads(again.stdout)["results"]
+    assert second["grid"]["min_rate_gbps"] == pytest.approx(first["grid"]["min_rate_gbps"])
+    assert second["atp"]["assignment"] == first["atp"]["assignment"]
+
+
+def write(tmp_path: Path, data: object, name: str = "topo.json") -> str:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def tiny(**over: object) -> dict:
+    data = {
+        "hosts": ["ps", "w1", "w2"],
+        "switches": [{"name": "s1", "programmable": True, "capacity_gbps": 400}],
+        "links": [{"a": "ps", "b": "s1", "bandwidth_gbps": 100}, {"a": "w1", "b": "s1", "bandwidth_gbps": 100}, {"a": "w2", "b": "s1", "bandwidth_gbps": 100}],
+        "ps": "ps",
+        "workers": ["w1", "w2"],
+    }
+    data.update(over)
+    return data
+
+
+BAD_FILES = {
+    "malformed JSON": ('{"hosts": ["a",', "not valid JSON"),
+    "unknown node": (tiny(links=[{"a": "w1", "b": "s9"}]), "links[0]: unknown node 's9'"),
+    "negative capacity": (tiny(switches=[{"name": "s1", "capacity_gbps": -1}]), "switches[0].capacity_gbps"),
+    "missing PS": (tiny(ps="ghost"), "ps: 'ghost' is not one of the hosts"),
+    "disconnected worker": (tiny(hosts=["ps", "w1", "w2", "w3"], workers=["w1", "w3"]), "host 'w3' has no links"),
+    "no path to the PS": (tiny(links=[{"a": "ps", "b": "s1", "bandwidth_gbps": 100}, {"a": "w1", "b": "s1", "bandwidth_gbps": 100}, {"a": "w2", "b": "s1", "bandwidth_gbps": 0}]),
+                          "no path from worker 'w2' to the PS 'ps'"),
+    "zero capacities everywhere": (tiny(switches=[{"name": "s1", "programmable": True, "capacity_gbps": 0}],
+                                        links=[{"a": x, "b": "s1", "bandwidth_gbps": 0} for x in ("ps", "w1", "w2")]),
+                                   "every switch capacity and link bandwidth is zero"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_topology_files_exit_2_with_one_line(app, tmp_path: Path, case: str) -> None:
+    data, message = BAD_FILES[case]
+    path = write(tmp_path, data)
+    res = run(app, "--topology", path, "--algo", "all")
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: ") and message in lines[0], res.stderr
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--topology", "fattree:k=5"], "--topology: fattree k must be an even integer"),
+        (["--topology", "mesh:n=3"], "--topology: 'mesh:n=3' is neither"),
+        (["--topology", "fattree:k=4", "--algo", "magic"], "--algo: unknown algorithm 'magic'"),
+        (["--topology", "fattree:k=4", "--capacity", "-3"], "--capacity: capacities must be >= 0"),
+        (["--topology", "fattree:k=4", "--workers", "99"], "--workers: asked for 99 workers"),
+        (["--topology", "fattree:k=4", "--ps-gbps", "0"], "--ps-gbps: must be a positive"),
+        (["--topology", "fattree:k=4", "--link-gbps", "0"], "--link-gbps: must be positive"),
+        (["--topology", "fattree:k=4", "--programmable", "random:2"], "--programmable: fraction must be in [0, 1]"),
+        (["--topology", "fattree:k=4", "--plot", "/nonexistent/dir/x.png"], "--plot: /nonexistent/dir/x.png: folder"),
+        (["--topology", "fattree:k=4", "--plot", "plan.jpg"], "--plot: plan.jpg: expected a .png file name"),
+        (["--topology", "nothere.json"], "nothere.json: no such file"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(app, args: list[str], message: str) -> None:
+    res = run(app, *args)
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], res.stderr
+
+
+def test_console_script_json_is_clean_stdout() -> None:
+    """Through the real entry point: HiGHS' banner must not leak into --json output."""
+    shoal = Path(sys.executable).with_name("shoal")
+    if not shoal.exists():
+        pytest.skip("console script not installed")
+    proc = subprocess.run([str(shoal), "route", "--topology", "fattree:k=4", "--workers", "6", "--algo", "rgria,grid", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert set(json.loads(proc.stdout)["results"]) == {"rgria", "grid"}
+    bad = subprocess.run([str(shoal), "route", "--topology", "fattree:k=3"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --topology: fattree k must be an even integer >= 2, got 3"]
