@@ -57,10 +57,7 @@ def fat_tree(k: int = 8, hosts_per_edge: int | None = None, link_gbps: float = D
         for i in range(half):
             for j in range(half):
                 g.add_edge(f"e{p}.{i}", f"a{p}.{j}", bandwidth_gbps=link_gbps)
-            for h in range(hosts):
-                host = f"h{p}.{i}.{h}"
-                g.add_node(host, kind="host")
-                g.add_edge(host, f"e{p}.{i}", bandwidth_gbps=link_gbps)
+            _add_hosts(g, f"e{p}.{i}", f"h{p}.{i}", hosts, link_gbps)
     return g
 
 
@@ -76,11 +73,16 @@ def leaf_spine(spines: int = 30, leaves: int = 30, hosts_per_leaf: int = 10, lin
         _add_switch(g, f"l{leaf}", "leaf")
         for s in range(spines):
             g.add_edge(f"l{leaf}", f"s{s}", bandwidth_gbps=link_gbps)
-        for h in range(hosts_per_leaf):
-            host = f"h{leaf}.{h}"
-            g.add_node(host, kind="host")
-            g.add_edge(host, f"l{leaf}", bandwidth_gbps=link_gbps)
+        _add_hosts(g, f"l{leaf}", f"h{leaf}", hosts_per_leaf, link_gbps)
     return g
+
+
+def _add_hosts(g: nx.Graph, switch: str, prefix: str, count: int, link_gbps: float) -> None:
+    """Hang ``count`` hosts named PREFIX.0, PREFIX.1, ... off ``switch``."""
+    for h in range(count):
+        host = f"{prefix}.{h}"
+        g.add_node(host, kind="host")
+        g.add_edge(host, switch, bandwidth_gbps=link_gbps)
 
 
 def _add_switch(g: nx.Graph, name: str, tier: str) -> None:
