@@ -181,25 +181,29 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one seed, short budget (a smoke test)")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
     parser.add_argument("--budget", type=float, default=150.0, help="virtual seconds per run")
-    parser.add_argument("--from-json", type=Path, help="re-aggregate the runs of an earlier results file")
+    parser.add_argument("--from-json", type=Path, help="start from the runs of an earlier results file")
+    parser.add_argument("--rerun", default="", help="with --from-json: comma-separated schemes to run again")
     args = parser.parse_args()
     seeds = [0] if args.quick else [0, 1, 2]
     budget = 20.0 if args.quick else args.budget
     start = time.perf_counter()
+    runs: list[dict[str, Any]] = []
+    todo = list(SCHEMES)
     if args.from_json:
         earlier = json.loads(args.from_json.read_text())
-        runs, seeds, budget = earlier["runs"], earlier["seeds"], earlier["budget_s"]
-        start -= earlier["wall_s"]  # keep the wall time of the runs themselves
-    else:
-        jobs = [(s, seed) for seed in seeds for s in SCHEMES]
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            runs = list(pool.map(run_one, [s for s, _ in jobs], [seed for _, seed in jobs], [budget] * len(jobs)))
+        seeds, budget = earlier["seeds"], earlier["budget_s"]
+        todo = [s for s in args.rerun.split(",") if s]
+        runs = [r for r in earlier["runs"] if r["scheme"] not in todo]
+    jobs = [(s, seed) for seed in seeds for s in todo]
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        runs += list(pool.map(run_one, [s for s, _ in jobs], [seed for _, seed in jobs], [budget] * len(jobs)))
     rows = aggregate(runs)
     checks = verdicts(rows)
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "gssp_speedup_quick" if args.quick else "gssp_speedup"
     payload = {"budget_s": budget, "seeds": seeds, "target": TARGET, "config": BASE, "rows": rows, "checks": checks,
-               "runs": runs, "wall_s": round(time.perf_counter() - start, 1)}
+               "runs": runs, "wall_s_last_invocation": round(time.perf_counter() - start, 1),
+               "rerun": todo if args.from_json else list(SCHEMES)}
     (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=1) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown(rows, checks, budget, seeds))
     plot(runs, RESULTS / f"{name}.png")

@@ -135,7 +135,7 @@ class SyncConfig(Section):
     profile_iterations: int = Field(3, ge=1, description="GSSP: iterations per worker measured before the first grouping.")
     profile_window: int = Field(20, ge=1, description="GSSP: a worker's speed is the 20th percentile of its last this many iteration times.")
     regroup: bool = Field(True, description="GSSP: move workers when their observed speed drifts.")
-    regroup_margin: float = Field(0.15, ge=0, le=1, description="GSSP: how much better (in fit) a new grouping must be to move workers.")
+    regroup_margin: float = Field(0.05, ge=0, le=1, description="GSSP: how much better (in fit) a new grouping must be to move workers.")
     regroup_patience: int = Field(3, ge=1, description="GSSP: consecutive checks a better grouping must persist (absorbs transient stragglers).")
 
     @field_validator("groups")

@@ -128,7 +128,7 @@ class Regrouper:
     groups_setting: int | str
     threshold: float = 0.9
     max_groups: int = 8
-    margin: float = 0.15
+    margin: float = 0.05
     patience: int = 3
     _streak: int = field(default=0, init=False)
 

@@ -66,10 +66,10 @@ class _progress:
 
 def _print_summary(summary: dict[str, Any], out: Path) -> None:
     table = Table(title=f"shoal train: {summary['scheme']} on {summary['backend']} ({summary['stop_reason']})")
-    for col in ("worker", "speed", "iterations", "compute s", "wait s", "comm s"):
+    for col in ("worker", "group", "speed", "iterations", "compute s", "wait s", "comm s"):
         table.add_column(col, justify="right")
     for w in summary["per_worker"]:
-        table.add_row(str(w["id"]), f"{w['speed']:g}", str(w["iterations"]), f"{w['compute_s']:.2f}",
+        table.add_row(str(w["id"]), str(w["group"]), f"{w['speed']:g}", str(w["iterations"]), f"{w['compute_s']:.2f}",
                       f"{w['wait_s']:.2f}", f"{w['comm_s']:.2f}")
     out_console = Console()
     out_console.print(table)

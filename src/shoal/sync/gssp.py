@@ -47,7 +47,7 @@ class GSSP:
         profile_iterations: int = 3,
         profile_window: int = 20,
         regroup: bool = True,
-        regroup_margin: float = 0.15,
+        regroup_margin: float = 0.05,
         regroup_patience: int = 3,
     ) -> None:
         self.workers, self.staleness, self.exchange_every = workers, staleness, exchange_every
