@@ -36,6 +36,8 @@ def test_nested_section_override():
         ("run.target_accuracy=1.5", "run.target_accuracy"),
         ("optimizer.lr=0", "optimizer.lr"),
         ("sync.groups=0", "sync.groups"),
+        ("cluster.speeds=[1, 0, 1, 1, 1, 1, 1, 1]", "cluster.speeds: must be a non-empty list of positive numbers"),
+        ("model.hidden=[]", "model.hidden"),
         ("sync.groups=\"many\"", "sync.groups"),
         ("sync.exchange_every=0", "sync.exchange_every"),
         ("sync.group_threshold=1.5", "sync.group_threshold"),

@@ -10,13 +10,23 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
     """Bad user input: the message is one line naming the key or file and the problem."""
+
+
+def _positive_list(values: list[Any]) -> list[Any]:
+    if not values or any(v <= 0 for v in values):
+        raise ValueError("must be a non-empty list of positive numbers")
+    return values
+
+
+PositiveInts = Annotated[list[int], AfterValidator(_positive_list)]
+PositiveFloats = Annotated[list[float], AfterValidator(_positive_list)]
 
 
 class Section(BaseModel):
@@ -36,14 +46,7 @@ class RunConfig(Section):
 
 class ModelConfig(Section):
     name: Literal["lenet5", "mlp", "resnet18", "vgg11"] = Field("lenet5", description="Model architecture.")
-    hidden: list[int] = Field([256, 128], description="Hidden layer widths of the mlp model.")
-
-    @field_validator("hidden")
-    @classmethod
-    def _positive_widths(cls, v: list[int]) -> list[int]:
-        if not v or any(w <= 0 for w in v):
-            raise ValueError("must be a non-empty list of positive widths")
-        return v
+    hidden: PositiveInts = Field([256, 128], description="Hidden layer widths of the mlp model.")
 
 
 DATA_BUILTINS = ("mnist5k", "digits", "synthetic")
@@ -90,9 +93,9 @@ class SpeedChange(Section):
 
 class ClusterConfig(Section):
     workers: int = Field(8, ge=1, description="Number of workers.")
-    speeds: list[float] | None = Field(None, description="Slowdown factor per worker (1.0 = fastest); overrides profile.")
+    speeds: PositiveFloats | None = Field(None, description="Slowdown factor per worker (1.0 = fastest); overrides profile.")
     profile: Literal["uniform", "tiers", "lognormal"] = Field("uniform", description="How speeds are drawn when `speeds` is not given.")
-    tiers: list[float] = Field([1.0, 2.0, 4.0, 8.0], description="Slowdown of each tier for profile = tiers (workers split evenly).")
+    tiers: PositiveFloats = Field([1.0, 2.0, 4.0, 8.0], description="Slowdown of each tier for profile = tiers (workers split evenly).")
     lognormal_sigma: float = Field(0.5, gt=0, description="Spread of profile = lognormal.")
     compute_s: float = Field(0.05, ge=0, description="Seconds per batch on the fastest worker; 0 = measure once on this machine.")
     link_gbps: float = Field(10.0, gt=0, description="Each worker's link bandwidth (Gbit/s), both directions.")
@@ -100,20 +103,6 @@ class ClusterConfig(Section):
     server_gbps: float = Field(10.0, gt=0, description="Server ingress (and egress) bandwidth, shared by concurrent transfers.")
     stragglers: StragglerConfig = StragglerConfig()
     speed_changes: list[SpeedChange] = Field([], description="Sustained speed changes during the run: [{worker, at_s, speed}].")
-
-    @field_validator("speeds")
-    @classmethod
-    def _positive_speeds(cls, v: list[float] | None) -> list[float] | None:
-        if v is not None and any(s <= 0 for s in v):
-            raise ValueError("every speed factor must be positive")
-        return v
-
-    @field_validator("tiers")
-    @classmethod
-    def _positive_tiers(cls, v: list[float]) -> list[float]:
-        if not v or any(s <= 0 for s in v):
-            raise ValueError("must be a non-empty list of positive factors")
-        return v
 
     @model_validator(mode="after")
     def _speeds_match_workers(self) -> "ClusterConfig":
