@@ -51,6 +51,8 @@ def cases(quick: bool) -> list[tuple[str, list[str]]]:
                                      f"run.max_iterations={big * 100}"]),
         (f"cost lenet5 {big}w asp tiers", ["backend.mode=cost", "sync.scheme=asp", f"cluster.workers={big}",
                                            "cluster.profile=tiers", f"run.max_iterations={big * 100}"]),
+        (f"cost lenet5 {big}w gssp tiers", ["backend.mode=cost", "sync.scheme=gssp", f"cluster.workers={big}",
+                                            "cluster.profile=tiers", f"run.max_iterations={big * 100}"]),
     ]
 
 
