@@ -138,8 +138,7 @@ class SimBackend:
         return GSSP(
             self.profile.workers, s.staleness, s.exchange_every, groups=s.groups, threshold=s.group_threshold,
             max_groups=s.max_groups, profile_iterations=s.profile_iterations, profile_window=s.profile_window,
-            regroup=s.regroup,
-            regroup_margin=s.regroup_margin, regroup_patience=s.regroup_patience,
+            regroup=s.regroup, regroup_margin=s.regroup_margin, regroup_patience=s.regroup_patience,
         )
 
     def _initial_replica(self) -> Replica | None:
@@ -149,17 +148,15 @@ class SimBackend:
         return Replica(params, buffers, self.cfg.optimizer, track_own=self.gssp is not None)
 
     def _make_codecs(self) -> list[GradientCodec]:
-        compressor = make_compressor(self.cfg.compression.method)
-        if compressor is None:
+        method, seed = self.cfg.compression.method, self.cfg.run.seed
+        compressors = [make_compressor(method, seed=(seed * 1_000_003 + w) % 2**31) for w in range(len(self.stats))]
+        if compressors[0] is None:
             return []
-        layout = self.setup.engine.layout
         # Error feedback accumulates what a compressor dropped; for an unbiased
         # compressor that is its variance, which feedback amplifies (measured: the
         # residual of scaled randk grows without bound), so only biased ones use it.
-        feedback = self.cfg.compression.error_feedback and not compressor.unbiased
-        method, seed = self.cfg.compression.method, self.cfg.run.seed
-        return [GradientCodec(make_compressor(method, seed=(seed * 1_000_003 + w) % 2**31), layout, feedback)
-                for w in range(len(self.stats))]
+        feedback = self.cfg.compression.error_feedback and not compressors[0].unbiased
+        return [GradientCodec(c, self.setup.engine.layout, feedback) for c in compressors]
 
     def density(self, worker: int) -> float:
         """Upload density of ``worker`` now: fixed for topk, scheduled per group for gdtopk."""
@@ -255,8 +252,9 @@ class SimBackend:
         gssp = self.gssp
         assert gssp is not None
         gssp.observe(w, iteration_s)
-        if applied and gssp.local_update(self.servers.index(server)):
-            self.env.process(self._exchange(self.servers.index(server)))
+        index = self.servers.index(server)
+        if applied and gssp.local_update(index):
+            self.env.process(self._exchange(index))
         if (groups := gssp.initial_split()) is not None:
             self._split(groups)
         elif self.recorder.iterations % self.profile.workers == 0 and (moves := gssp.check_regroup()):
@@ -337,7 +335,7 @@ class SimBackend:
             reached = self.recorder.evaluation(self.env.now, accuracy, loss, self.cfg.run.target_accuracy)
             if reached and self.cfg.run.stop_at_target:
                 self._finish("target_reached")
-        if self.codecs and self.cfg.sync.scheme == "gssp":
+        if self.codecs and self.gssp is not None:
             densities = [self.density(members[0]) if members else None for members in self._groups()]
             self.recorder.event("densities", t=self.env.now, densities=densities)
         if self.progress is not None:

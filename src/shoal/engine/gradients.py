@@ -33,6 +33,8 @@ class GradientEngine:
         self._params = list(model.parameters())
         self._buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.layout = self._layout(model)
+        self.num_params = sum(p.numel() for p in self._params)
+        self.num_buffer_values = sum(b.numel() for b in self._buffers)
         self.loss_fn = nn.CrossEntropyLoss()
 
     @staticmethod
@@ -42,14 +44,6 @@ class GradientEngine:
             slots.append(TensorSlot(name, tuple(p.shape), offset, p.numel()))
             offset += p.numel()
         return slots
-
-    @property
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self._params)
-
-    @property
-    def num_buffer_values(self) -> int:
-        return sum(b.numel() for b in self._buffers)
 
     def initial_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The module's current parameters and float buffers, flattened."""
