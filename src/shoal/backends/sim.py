@@ -24,7 +24,9 @@ import simpy
 import torch
 
 from shoal.cluster import StragglerModel
+from shoal.backends.local_model import LocalModel
 from shoal.compress import GDTopKSchedule, GradientCodec, make_compressor
+from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
 from shoal.config import Config
 from shoal.engine.cost import SharedLink
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
@@ -38,22 +40,51 @@ ProgressFn = Callable[[dict[str, Any]], None]
 
 @dataclass
 class Push:
-    """What a worker sent: its (reconstructed) gradient, its batch-norm buffer change, and the bytes."""
+    """What a worker sent: its (reconstructed) gradient, its batch-norm buffer change, and the bytes.
+
+    With SIM, ``grad`` holds only the tensors in ``grad_mask`` (aggregated as
+    gradients), ``delta`` the accumulated local changes of the tensors in
+    ``delta_mask`` (re-synchronised by averaging), both at SIM clock ``clock``.
+    """
 
     grad: torch.Tensor | None
     buffer_delta: torch.Tensor | None
     nbytes: int
+    delta: torch.Tensor | None = None
+    grad_mask: tuple[bool, ...] | None = None
+    delta_mask: tuple[bool, ...] | None = None
+    clock: int = 0
+
+
+@dataclass
+class Pulled:
+    """What a worker computes on: parameters, buffers, and what the pull cost.
+
+    With SIM, ``fresh`` marks the tensors taken from the server (the rest are
+    the worker's local values) and ``plan`` the tensors aggregated at ``clock``.
+    """
+
+    params: torch.Tensor | None
+    buffers: torch.Tensor | None
+    nbytes: int
+    fresh: tuple[bool, ...] | None = None
+    plan: tuple[bool, ...] | None = None
+    clock: int = 0
 
 
 class SimServer:
     """One (group) server on the virtual clock: replica, policy, links, buffered pushes, waiters."""
 
     def __init__(self, env: simpy.Environment, policy: SyncPolicy, replica: Replica | None, weight: float,
-                 bandwidth_bps: float) -> None:
+                 bandwidth_bps: float, schedule: SimilaritySchedule | None = None,
+                 slices: list[slice] | None = None) -> None:
         self.env = env
         self.policy = policy
         self.replica = replica
         self.weight = weight
+        self.schedule = schedule
+        self.slices = slices or []
+        self._meters: dict[int, SimilarityMeter] = {}
         self.ingress = SharedLink(env, bandwidth_bps)
         self.egress = SharedLink(env, bandwidth_bps)
         self.version = 0
@@ -91,8 +122,44 @@ class SimServer:
         self.updates += 1
         if self.replica is None:
             return
-        self.replica.apply([p.grad for p in pushes], self.weight)
+        if self.schedule is None:
+            self.replica.apply([p.grad for p in pushes], self.weight)
+        else:
+            self._apply_sim(pushes)
         self.replica.add_buffer_deltas([p.buffer_delta for p in pushes], self.weight)
+
+    def _apply_sim(self, pushes: list[Push]) -> None:
+        """SIM: one step on the gradient tensors, average in the local changes, measure similarity."""
+        assert self.replica is not None
+        by_masks: dict[tuple, list[Push]] = {}
+        for push in pushes:  # a round shares its masks; they differ only right after a GSSP move
+            by_masks.setdefault((push.grad_mask, push.delta_mask), []).append(push)
+        for (grad_mask, delta_mask), same in by_masks.items():
+            if any(grad_mask):
+                frozen = [sl for sl, g in zip(self.slices, grad_mask) if not g]
+                self.replica.apply([p.grad for p in same], self.weight, frozen=frozen)
+            if any(delta_mask):
+                self.replica.add_delta([p.delta for p in same], self.weight)
+        for push in pushes:
+            meter = self._meters.setdefault(push.clock, SimilarityMeter())
+            for i, sl in enumerate(self.slices):
+                if push.grad_mask[i]:
+                    meter.add(i, push.grad[sl])
+                elif push.delta_mask[i]:
+                    meter.add(i, push.delta[sl])
+
+    def finish_measurements(self) -> list[int]:
+        """Feed the schedule every clock all members have pushed; return those clocks."""
+        if self.schedule is None:
+            return []
+        done = sorted(c for c in self._meters if c < self.policy.min_clock)
+        for clock in done:
+            meter = self._meters.pop(clock)
+            for i in meter.count:
+                if (similarity := meter.similarity(i)) is not None:
+                    self.schedule.observe(i, similarity, clock)
+        self.schedule.forget_before(self.policy.min_clock - 1)
+        return done
 
     def _wake(self) -> None:
         while self._waiters and self._waiters[0][0] <= self.policy.min_clock:
@@ -122,8 +189,13 @@ class SimBackend:
         self.stats = [WorkerStats(id=w, group=0, speed=self.speeds[w]) for w in range(n)]
         self.gssp = self._make_gssp() if self.cfg.sync.scheme == "gssp" else None
         policy = self.gssp.policy(0) if self.gssp else make_policy(self.cfg.sync.scheme, range(n), self.cfg.sync.staleness)
-        self.servers = [self._make_server(policy, self._initial_replica())]
+        self.slices = [slice(s.offset, s.offset + s.numel) for s in setup.engine.layout]
+        self.lr = self.cfg.optimizer.lr
+        self.servers = [self._make_server(policy, self._initial_replica(), self._new_schedule())]
         self.codecs = self._make_codecs()
+        self.locals = self._make_local_models()
+        self.delta_codecs = self._make_codecs(salt=7919) if self.locals else []
+        self.force_pull: set[int] = set()
         gd = self.cfg.compression.gdtopk
         self.schedule = GDTopKSchedule(gd.initial_density, gd.warmup_epochs, gd.final_density_fast, gd.final_density_slow)
         self.exchanges = 0
@@ -147,9 +219,26 @@ class SimBackend:
         params, buffers = self.setup.engine.initial_state()
         return Replica(params, buffers, self.cfg.optimizer, track_own=self.gssp is not None)
 
-    def _make_codecs(self) -> list[GradientCodec]:
+    def _new_schedule(self) -> SimilaritySchedule | None:
+        sim = self.cfg.compression.similarity
+        if not sim.enabled:
+            return None
+        layout = self.setup.engine.layout
+        return SimilaritySchedule(
+            [s.name for s in layout], [s.numel for s in layout], threshold=sim.threshold, max_period=sim.max_period,
+            warmup_iterations=sim.warmup_iterations, min_numel=sim.min_numel, smoothing=sim.smoothing,
+        )
+
+    def _make_local_models(self) -> list[LocalModel]:
+        """SIM: every worker's own model copy, for the tensors it steps locally."""
+        if not self.cfg.compression.similarity.enabled or not self.setup.train_mode:
+            return []
+        params, buffers = self.setup.engine.initial_state()
+        return [LocalModel(params, buffers, self.cfg.optimizer, self.setup.engine.layout) for _ in self.stats]
+
+    def _make_codecs(self, salt: int = 0) -> list[GradientCodec]:
         method, seed = self.cfg.compression.method, self.cfg.run.seed
-        compressors = [make_compressor(method, seed=(seed * 1_000_003 + w) % 2**31) for w in range(len(self.stats))]
+        compressors = [make_compressor(method, seed=(seed * 1_000_003 + w + salt) % 2**31) for w in range(len(self.stats))]
         if compressors[0] is None:
             return []
         # Error feedback accumulates what a compressor dropped; for an unbiased
@@ -158,11 +247,15 @@ class SimBackend:
         feedback = self.cfg.compression.error_feedback and not compressors[0].unbiased
         return [GradientCodec(c, self.setup.engine.layout, feedback) for c in compressors]
 
+    def epoch(self) -> float:
+        """Global epochs done so far (all workers' samples over the training set)."""
+        return self.recorder.iterations * self.cfg.data.batch_size / max(1, self.setup.n_train)
+
     def density(self, worker: int) -> float:
         """Upload density of ``worker`` now: fixed for topk, scheduled per group for gdtopk."""
         if self.cfg.compression.method != "gdtopk":
             return self.cfg.compression.density
-        epoch = self.recorder.iterations * self.cfg.data.batch_size / max(1, self.setup.n_train)
+        epoch = self.epoch()
         times = self.gssp.profiler.times() if self.gssp is not None and self.gssp.grouped else []
         if not times or min(times) <= 0:
             return self.schedule.density(epoch, 1.0, 1.0, 1.0)
@@ -170,8 +263,10 @@ class SimBackend:
         group_time = float(sorted(times[m] for m in members)[len(members) // 2])
         return self.schedule.density(epoch, group_time, min(times), max(times))
 
-    def _make_server(self, policy: SyncPolicy, replica: Replica | None) -> SimServer:
-        return SimServer(self.env, policy, replica, 1.0 / self.profile.workers, self.profile.server_bps)
+    def _make_server(self, policy: SyncPolicy, replica: Replica | None,
+                     schedule: SimilaritySchedule | None = None) -> SimServer:
+        return SimServer(self.env, policy, replica, 1.0 / self.profile.workers, self.profile.server_bps,
+                         schedule, self.slices)
 
     def server_of(self, worker: int) -> SimServer:
         return self.servers[self.gssp.server_of[worker]] if self.gssp else self.servers[0]
@@ -191,9 +286,9 @@ class SimBackend:
             server = self.server_of(w)
             t1 = self.env.now
             pulled_version = server.version
-            pulled = server.replica.snapshot() if server.replica is not None else None
+            pulled = self._pull(w, server)
             yield self.env.timeout(profile.latency_s)
-            yield server.egress.transfer(self.setup.download_bytes, profile.link_bps)
+            yield server.egress.transfer(pulled.nbytes, profile.link_bps)
             pull_s = self.env.now - t1
 
             compute = profile.compute_s * self.speeds[w] * self.stragglers.factor(w)
@@ -208,43 +303,110 @@ class SimBackend:
                 return
             target = self.server_of(w)  # a regroup may have moved this worker while it computed
             self._deliver(w, target, push, staleness=target.version - pulled_version if target is server else None,
-                          waited=waited, compute=compute, comm=pull_s + push_s, loss=loss)
+                          waited=waited, compute=compute, pull_s=pull_s, push_s=push_s, loss=loss,
+                          down_bytes=pulled.nbytes)
 
     def _deliver(self, w: int, server: SimServer, push: Push, *, staleness: int | None, waited: float,
-                 compute: float, comm: float, loss: float | None) -> None:
+                 compute: float, pull_s: float, push_s: float, loss: float | None, down_bytes: int) -> None:
         """The server takes the push; record it; let GSSP react (exchange, split, regroup)."""
+        comm = pull_s + push_s
         applied = server.receive(w, push)
-        self._account(w, waited, compute, comm, push.nbytes)
+        self._account(w, waited, compute, comm, push.nbytes, down_bytes)
         self.recorder.iteration(
             t=self.env.now, worker=w, group=self.stats[w].group, clock=server.policy.clocks[w],
-            staleness=staleness, compute_s=compute, wait_s=waited, comm_s=comm, loss=loss,
+            staleness=staleness, compute_s=compute, wait_s=waited, comm_s=comm, pull_s=pull_s, loss=loss,
         )
+        for clock in server.finish_measurements():
+            self.recorder.event("sim", t=self.env.now, group=self.servers.index(server), clock=clock,
+                                **server.schedule.state())
         if self.gssp is not None:
             self._gssp_step(w, server, applied, compute + comm)
+        if self.cfg.optimizer.lr_decay_epochs:
+            self._decay_lr()
         if self.cfg.run.max_iterations and self.recorder.iterations >= self.cfg.run.max_iterations:
             self._finish("iteration_budget")
 
-    def _compute(self, w: int, pulled: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[Push, float | None]:
+    def _pull(self, w: int, server: SimServer) -> Pulled:
+        """What ``w`` takes from its server; with SIM only the tensors aggregated at its previous clock."""
+        if server.replica is None:
+            return Pulled(None, None, self.setup.download_bytes)
+        params, buffers = server.replica.snapshot()
+        if server.schedule is None:
+            return Pulled(params, buffers, self.setup.download_bytes)
+        clock = server.policy.clocks[w]
+        plan = server.schedule.plan(clock)
+        fresh = (True,) * len(plan) if w in self.force_pull else server.schedule.plan(clock - 1)
+        self.force_pull.discard(w)
+        values = self.locals[w].pull(params, fresh)
+        server.schedule.record_saved(fresh)  # download
+        server.schedule.record_saved(plan)  # upload
+        return Pulled(self.locals[w].params, buffers, 4 * (values + self.setup.num_buffer_values), fresh, plan, clock)
+
+    def _compute(self, w: int, pulled: Pulled) -> tuple[Push, float | None]:
         """The worker's push: real (compressed) gradient in train mode, sizes only in cost mode."""
         buffer_bytes = 4 * self.setup.num_buffer_values
-        if pulled is None:
+        if pulled.params is None:
             grad_bytes = self.codecs[w].nominal_bytes(self.density(w)) if self.codecs else 4 * self.setup.engine.num_params
             return Push(None, None, grad_bytes + buffer_bytes), None
         x, y = self.setup.streams[w].next()
-        grad, buffer_delta, loss = self.setup.engine.gradient(pulled[0], pulled[1], x, y)
+        grad, buffer_delta, loss = self.setup.engine.gradient(pulled.params, pulled.buffers, x, y)
+        if pulled.plan is not None:
+            return self._sim_push(w, pulled, grad, buffer_delta), round(loss, 6)
         grad_bytes = 4 * grad.numel()
         if self.codecs:
             grad, grad_bytes = self.codecs[w].encode(grad, self.density(w))
         return Push(grad, buffer_delta, grad_bytes + buffer_bytes), round(loss, 6)
 
-    def _account(self, w: int, waited: float, compute: float, comm: float, up_bytes: int) -> None:
+    def _sim_push(self, w: int, pulled: Pulled, grad: torch.Tensor, buffer_delta: torch.Tensor) -> Push:
+        """SIM: step locally; send gradients of tensors pulled fresh, local changes of tensors re-synchronised now."""
+        assert pulled.plan is not None and pulled.fresh is not None
+        local = self.locals[w]
+        local.step(grad)
+        grad_mask = tuple(p and f for p, f in zip(pulled.plan, pulled.fresh))
+        delta_mask = tuple(p and not f for p, f in zip(pulled.plan, pulled.fresh))
+        sent_grad, grad_bytes = self._encode(self.codecs, w, grad, grad_mask)
+        sent_delta, delta_bytes = (None, 0)
+        if any(delta_mask):
+            sent_delta, delta_bytes = self._encode(self.delta_codecs, w, local.change(), delta_mask)
+        nbytes = grad_bytes + delta_bytes + 4 * self.setup.num_buffer_values
+        return Push(sent_grad, buffer_delta, nbytes, sent_delta, grad_mask, delta_mask, pulled.clock)
+
+    def _encode(self, codecs: list[GradientCodec], w: int, vector: torch.Tensor,
+                send: tuple[bool, ...]) -> tuple[torch.Tensor, int]:
+        """The tensors marked in ``send``, compressed if a compressor is configured, and their bytes."""
+        if codecs:
+            return codecs[w].encode(vector, self.density(w), send)
+        out = torch.zeros_like(vector)
+        values = 0
+        for sl, take in zip(self.slices, send):
+            if take:
+                out[sl] = vector[sl]
+                values += sl.stop - sl.start
+        return out, 4 * values
+
+    def _decay_lr(self) -> None:
+        """Follow the step schedule; SIM restarts its periods at a decay."""
+        lr = self.cfg.optimizer.lr_at(self.epoch())
+        if lr == self.lr:
+            return
+        self.lr = lr
+        for server in self.servers:
+            if server.replica is not None:
+                server.replica.set_lr(lr)
+            if server.schedule is not None:
+                server.schedule.reset()
+        for local in self.locals:
+            local.set_lr(lr)
+        self.recorder.event("lr_decay", t=self.env.now, epoch=round(self.epoch(), 4), lr=lr)
+
+    def _account(self, w: int, waited: float, compute: float, comm: float, up_bytes: int, down_bytes: int) -> None:
         stats = self.stats[w]
         stats.iterations += 1
         stats.wait_s += waited
         stats.compute_s += compute
         stats.comm_s += comm
         self.recorder.bytes_up += up_bytes
-        self.recorder.bytes_down += self.setup.download_bytes
+        self.recorder.bytes_down += down_bytes
 
     # -- GSSP ---------------------------------------------------------------------
 
@@ -260,6 +422,7 @@ class SimBackend:
         elif self.recorder.iterations % self.profile.workers == 0 and (moves := gssp.check_regroup()):
             for move in moves:
                 self.stats[move.worker].group = move.new
+                self.force_pull.add(move.worker)  # a moved worker takes its new group's replica
             for s in self.servers:
                 s.wake_all()
             self.recorder.event("groups", t=self.env.now, groups=gssp.groups, reason="regroup",
@@ -270,9 +433,14 @@ class SimBackend:
         assert self.gssp is not None
         source = self.servers[0]
         self.servers = [
-            self._make_server(self.gssp.policy(g), source.replica.clone(self.cfg.optimizer) if source.replica else None)
+            self._make_server(self.gssp.policy(g), source.replica.clone(self.cfg.optimizer) if source.replica else None,
+                              source.schedule.restarted() if source.schedule else None)
             for g in range(len(groups))
         ]
+        for server in self.servers:
+            if server.replica is not None:
+                server.replica.set_lr(self.lr)
+        self.force_pull.update(range(self.profile.workers))
         for g, members in enumerate(groups):
             for w in members:
                 self.stats[w].group = g

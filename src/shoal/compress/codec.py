@@ -39,10 +39,13 @@ class GradientCodec:
         self.layout = list(layout)
         self.memory: Memory = ResidualMemory() if error_feedback else NoMemory()
 
-    def encode(self, grad: torch.Tensor, density: float) -> tuple[torch.Tensor, int]:
-        received = torch.empty_like(grad)
+    def encode(self, grad: torch.Tensor, density: float, send: Sequence[bool] | None = None) -> tuple[torch.Tensor, int]:
+        """Compress every tensor, or only those ``send`` marks (the rest are zero and cost nothing)."""
+        received = torch.zeros_like(grad) if send is not None else torch.empty_like(grad)
         nbytes = 0
-        for slot in self.layout:
+        for i, slot in enumerate(self.layout):
+            if send is not None and not send[i]:
+                continue
             piece = grad[slot.offset : slot.offset + slot.numel]
             compensated = self.memory.compensate(slot.name, piece)
             payload = self.compressor.compress(compensated, density)

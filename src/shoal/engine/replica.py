@@ -68,19 +68,59 @@ class Replica:
             self._snapshot = (self.version, self.params.detach().clone(), self.buffers.clone())
         return self._snapshot[1], self._snapshot[2]
 
-    def apply(self, grads: Sequence[torch.Tensor], weight: float) -> None:
-        """One optimizer step on ``weight * sum(grads)`` (+ weight decay per gradient)."""
+    def apply(self, grads: Sequence[torch.Tensor], weight: float, frozen: Sequence[slice] = ()) -> None:
+        """One optimizer step on ``weight * sum(grads)`` (+ weight decay per gradient).
+
+        ``frozen`` ranges keep their parameters and optimizer state untouched
+        (SIM: tensors the workers are stepping locally this iteration).
+        """
         total = torch.stack(list(grads)).sum(0) if len(grads) > 1 else grads[0].clone()
         total.mul_(weight)
         if self.weight_decay:
             total.add_(self.params.detach(), alpha=self.weight_decay * weight * len(grads))
         before = self.params.detach().clone() if self.own_params is not None else None
+        kept = self._save(frozen)
         self.params.grad = total
         self.optimizer.step()
         self.params.grad = None
+        self._restore(kept)
         if before is not None:
             self.own_params.add_(self.params.detach() - before)
         self.version += 1
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        """The parameters and every optimizer state tensor laid out like them (momentum, Adam moments)."""
+        state = self.optimizer.state.get(self.params, {})
+        extra = [v for v in state.values() if isinstance(v, torch.Tensor) and v.shape == self.params.shape]
+        return [self.params.detach(), *extra]
+
+    def _save(self, frozen: Sequence[slice]) -> tuple[list[slice], list[tuple[torch.Tensor, slice, torch.Tensor]]]:
+        return list(frozen), [(t, sl, t[sl].clone()) for sl in frozen for t in self._state_tensors()]
+
+    def _restore(self, kept: tuple[list[slice], list[tuple[torch.Tensor, slice, torch.Tensor]]]) -> None:
+        frozen, saved = kept
+        for tensor, sl, values in saved:
+            tensor[sl] = values
+        existed = {t.data_ptr() for t, _, _ in saved}
+        for tensor in self._state_tensors():  # state the step created: as if the frozen part never stepped
+            if tensor.data_ptr() not in existed:
+                for sl in frozen:
+                    tensor[sl] = 0
+
+    def add_delta(self, deltas: Sequence[torch.Tensor], weight: float) -> None:
+        """Move the parameters by ``weight * sum(deltas)`` (SIM: the workers' accumulated local changes)."""
+        total = torch.stack(list(deltas)).sum(0) if len(deltas) > 1 else deltas[0].clone()
+        total.mul_(weight)
+        with torch.no_grad():
+            self.params.add_(total)
+        if self.own_params is not None:
+            self.own_params.add_(total)
+        self.version += 1
+
+    def set_lr(self, lr: float) -> None:
+        """Change the learning rate (a step of the decay schedule)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def add_buffer_deltas(self, deltas: Sequence[torch.Tensor], weight: float) -> None:
         """Move batch-norm statistics by the weighted sum of the workers' changes."""

@@ -1,0 +1,58 @@
+"""A worker's own copy of the model, for SIM's local steps between aggregations.
+
+Backend-neutral (plain torch): the sim backend keeps one per worker, and a
+real backend would keep it inside the worker process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from shoal.config import OptimizerConfig
+from shoal.engine.gradients import TensorSlot
+from shoal.engine.replica import Replica
+
+
+class LocalModel:
+    """Local parameters + optimizer, and each tensor's value at its last pull (the base).
+
+    Every iteration the worker steps all tensors with its own gradient, so its
+    optimizer state (momentum) stays warm; tensors that the server aggregates
+    are overwritten by the server's value at the next pull, tensors being
+    skipped keep the local step. What it sends at an aggregation is its
+    change since the base.
+    """
+
+    def __init__(self, params: torch.Tensor, buffers: torch.Tensor, opt: OptimizerConfig,
+                 layout: Sequence[TensorSlot]) -> None:
+        self.replica = Replica(params, buffers, opt)
+        self.base = params.detach().clone()
+        self.slices = [slice(s.offset, s.offset + s.numel) for s in layout]
+        self.numels = [s.numel for s in layout]
+
+    @property
+    def params(self) -> torch.Tensor:
+        return self.replica.params.detach()
+
+    def pull(self, server_params: torch.Tensor, take: Sequence[bool]) -> int:
+        """Take the server's value of the tensors marked in ``take``; return how many values came."""
+        values = 0
+        for sl, numel, fresh in zip(self.slices, self.numels, take):
+            if fresh:
+                self.params[sl] = server_params[sl]
+                self.base[sl] = server_params[sl]
+                values += numel
+        return values
+
+    def step(self, grad: torch.Tensor) -> None:
+        """One local optimizer step with the worker's own (unweighted) gradient."""
+        self.replica.apply([grad], 1.0)
+
+    def change(self) -> torch.Tensor:
+        """The local change of every tensor since its base."""
+        return self.params - self.base
+
+    def set_lr(self, lr: float) -> None:
+        self.replica.set_lr(lr)

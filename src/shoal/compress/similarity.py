@@ -1,0 +1,174 @@
+"""SIM: similarity-aware aggregation, as a pure per-tensor schedule.
+
+For every parameter tensor the server measures how similar the workers'
+updates are (the mean cosine between each worker's update and their sum,
+computed from what the server received anyway, so it costs no traffic),
+smooths it, and sets an aggregation period tau: tau grows by one at each
+aggregation while the smoothed similarity stays at or above the threshold
+(up to ``max_period``) and collapses to 1 when it falls below. Between
+aggregations workers step the tensor locally; at an aggregation they send
+their accumulated change and take the server's value (see docs/sim.md).
+
+The object only decides *which tensors are aggregated at which clock*; the
+backend moves the data. Decisions are memoised per clock, so every worker
+of a group that reaches clock c sees the same plan, whenever it asks.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TensorSchedule:
+    """The SIM state of one parameter tensor."""
+
+    name: str
+    numel: int
+    tau: int = 1
+    last_sync: int = -1
+    similarity: float | None = None  # smoothed
+    measured: float | None = None  # the latest raw measurement
+    bytes_saved: int = 0
+
+
+class SimilaritySchedule:
+    """Per-tensor aggregation periods driven by measured similarity.
+
+    ``plan(c)`` says which tensors are aggregated at clock ``c``;
+    ``observe(i, s, c)`` feeds the similarity measured for tensor ``i`` at
+    the aggregation at clock ``c``. Rule: no skipping before
+    ``warmup_iterations`` or for tensors under ``min_numel``; otherwise after
+    each observation tau += 1 (capped) if the smoothed similarity is
+    >= ``threshold``, else tau = 1.
+    """
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        numels: Sequence[int],
+        *,
+        threshold: float,
+        max_period: int,
+        warmup_iterations: int,
+        min_numel: int,
+        smoothing: float = 0.5,
+    ) -> None:
+        if len(names) != len(numels):
+            raise ValueError("names and numels differ in length")
+        if max_period < 1 or not 0 < smoothing <= 1:
+            raise ValueError("max_period must be >= 1 and smoothing in (0, 1]")
+        self.tensors = [TensorSchedule(n, k) for n, k in zip(names, numels)]
+        self.threshold = threshold
+        self.max_period = max_period
+        self.warmup = warmup_iterations
+        self.min_numel = min_numel
+        self.smoothing = smoothing
+        self._plans: dict[int, tuple[bool, ...]] = {}
+
+    def clone(self) -> "SimilaritySchedule":
+        """An independent copy (a GSSP group server starts from the profiling server's state)."""
+        return copy.deepcopy(self)
+
+    def restarted(self) -> "SimilaritySchedule":
+        """A copy for servers whose clocks start again at 0 (a GSSP split); tau, similarity and bytes are kept."""
+        fresh = self.clone()
+        fresh._plans.clear()
+        for t in fresh.tensors:
+            t.last_sync = -1
+        return fresh
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tensors]
+
+    def plan(self, clock: int) -> tuple[bool, ...]:
+        """Which tensors are aggregated at ``clock`` (decided on first ask, then fixed)."""
+        if clock < 0:
+            return (True,) * len(self.tensors)
+        if clock not in self._plans:
+            self._plans[clock] = tuple(self._decide(t, clock) for t in self.tensors)
+        return self._plans[clock]
+
+    def _decide(self, t: TensorSchedule, clock: int) -> bool:
+        due = clock < self.warmup or t.tau <= 1 or clock - t.last_sync >= t.tau
+        if due:
+            t.last_sync = max(t.last_sync, clock)
+        return due
+
+    def observe(self, index: int, similarity: float, clock: int) -> None:
+        """The similarity measured for tensor ``index`` at its aggregation at ``clock``."""
+        t = self.tensors[index]
+        t.measured = similarity
+        t.similarity = similarity if t.similarity is None else (
+            self.smoothing * similarity + (1 - self.smoothing) * t.similarity
+        )
+        if clock < self.warmup or t.numel < self.min_numel or t.similarity < self.threshold:
+            t.tau = 1
+        else:
+            t.tau = min(t.tau + 1, self.max_period)
+
+    def reset(self) -> None:
+        """Back to aggregating everything every clock (e.g. at a learning-rate decay)."""
+        for t in self.tensors:
+            t.tau = 1
+            t.similarity = None
+
+    def forget_before(self, clock: int) -> None:
+        """Drop memoised plans no worker can ask for again."""
+        for c in [c for c in self._plans if c < clock]:
+            del self._plans[c]
+
+    def record_saved(self, plan: Sequence[bool], nbytes_per_value: int = 4) -> None:
+        """Account the bytes a transfer did not carry because of ``plan``."""
+        for t, sent in zip(self.tensors, plan):
+            if not sent:
+                t.bytes_saved += nbytes_per_value * t.numel
+
+    def state(self) -> dict[str, list]:
+        """A record for metrics.jsonl: names, tau, smoothed and raw similarity, bytes saved."""
+        return {
+            "names": self.names,
+            "tau": [t.tau for t in self.tensors],
+            "similarity": [None if t.similarity is None else round(t.similarity, 5) for t in self.tensors],
+            "measured": [None if t.measured is None else round(t.measured, 5) for t in self.tensors],
+            "bytes_saved": [t.bytes_saved for t in self.tensors],
+        }
+
+
+class SimilarityMeter:
+    """Mean cosine between each worker's update and the sum, per tensor, for one clock.
+
+    Uses sum_i cos(x_i, S) = <sum_i x_i/|x_i|, S> / |S| with S = sum_i x_i,
+    so only two running vectors per tensor are kept, whatever the worker count.
+    """
+
+    def __init__(self) -> None:
+        self.total: dict[int, torch.Tensor] = {}
+        self.unit: dict[int, torch.Tensor] = {}
+        self.count: dict[int, int] = {}
+
+    def add(self, index: int, update: torch.Tensor) -> None:
+        norm = float(update.norm())
+        if index not in self.total:
+            self.total[index] = torch.zeros_like(update)
+            self.unit[index] = torch.zeros_like(update)
+            self.count[index] = 0
+        self.total[index] += update
+        if norm > 0:
+            self.unit[index] += update / norm
+        self.count[index] += 1
+
+    def similarity(self, index: int) -> float | None:
+        """The mean cosine, or None when nothing (non-zero) was added."""
+        total = self.total.get(index)
+        if total is None:
+            return None
+        norm = float(total.norm())
+        if norm == 0:
+            return None
+        return float(torch.dot(self.unit[index], total)) / (norm * self.count[index])
