@@ -77,6 +77,12 @@ class OptimizerConfig(Section):
     lr: float = Field(0.05, gt=0, description="Learning rate.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty, applied with the same 1/N weight as gradients.")
+    lr_decay_epochs: list[float] = Field([], description="Global epochs at which the learning rate is multiplied by lr_decay_factor (a step schedule).")
+    lr_decay_factor: float = Field(0.1, gt=0, le=1, description="Factor applied to the learning rate at each of lr_decay_epochs.")
+
+    def lr_at(self, epoch: float) -> float:
+        """The learning rate after ``epoch`` global epochs under the step schedule."""
+        return self.lr * self.lr_decay_factor ** sum(1 for e in self.lr_decay_epochs if epoch >= e)
 
 
 class StragglerConfig(Section):
@@ -103,6 +109,7 @@ class ClusterConfig(Section):
     server_gbps: float = Field(10.0, gt=0, description="Server ingress (and egress) bandwidth, shared by concurrent transfers.")
     stragglers: StragglerConfig = StragglerConfig()
     speed_changes: list[SpeedChange] = Field([], description="Sustained speed changes during the run: [{worker, at_s, speed}].")
+    emulate: bool = Field(True, description="ray: pad each iteration to the profile's compute time and each transfer to the link bandwidth (false: real speeds decide).")
 
     @model_validator(mode="after")
     def _speeds_match_workers(self) -> "ClusterConfig":
@@ -142,6 +149,15 @@ class GDTopKConfig(Section):
     final_density_slow: float = Field(0.015, gt=0, le=1, description="Final density of the slowest group (groups between are interpolated).")
 
 
+class SimilarityConfig(Section):
+    enabled: bool = Field(False, description="SIM: aggregate a parameter tensor only every tau iterations while workers' updates for it stay similar.")
+    threshold: float = Field(0.5, ge=-1, le=1, description="SIM: smoothed cosine similarity (worker update vs. aggregate) at or above which a tensor's period grows.")
+    max_period: int = Field(8, ge=1, description="SIM: longest aggregation period tau (iterations); bounds how far replicas drift.")
+    warmup_iterations: int = Field(50, ge=0, description="SIM: clocks (per-worker iterations) during which every tensor is aggregated every time.")
+    min_numel: int = Field(1024, ge=0, description="SIM: tensors with fewer values are always aggregated (skipping them saves little).")
+    smoothing: float = Field(0.5, gt=0, le=1, description="SIM: weight of the newest measurement in the similarity's moving average.")
+
+
 class CompressionConfig(Section):
     method: Literal["none", "fp16", "topk", "randk", "dgc", "qsgd", "gdtopk"] = Field(
         "none", description="Compressor for worker uploads (gdtopk: top-k with a per-group density schedule)."
@@ -149,6 +165,7 @@ class CompressionConfig(Section):
     density: float = Field(0.01, gt=0, le=1, description="Fraction of values kept by sparsifying compressors.")
     error_feedback: bool = Field(True, description="Keep what was not sent and add it to the next gradient (biased compressors only: unbiased ones, randk and qsgd, skip it because feeding back their variance diverges).")
     gdtopk: GDTopKConfig = GDTopKConfig()
+    similarity: SimilarityConfig = SimilarityConfig()
 
 
 class BackendConfig(Section):
@@ -156,6 +173,13 @@ class BackendConfig(Section):
     mode: Literal["train", "cost"] = Field("train", description="cost: simulate the schedule only, no model math.")
     log_iterations: bool = Field(True, description="Write one metrics.jsonl line per worker iteration.")
     torch_threads: int = Field(1, ge=1, description="Torch intra-op threads of the sim process (1 is fastest for small models and deterministic).")
+    address: str | None = Field(None, description="ray: none = start an embedded local Ray on 127.0.0.1 (no dashboard); \"auto\" or \"ray://HOST:PORT\" = join an existing cluster.")
+    local_cpus: int = Field(0, ge=0, description="ray, local mode: CPUs the embedded Ray instance declares; 0 = this machine's core count (raised to fit the actors' requests).")
+    cpus_per_worker: float = Field(1.0, ge=0, description="ray: CPUs each worker actor requests (fractions allowed).")
+    gpus_per_worker: float = Field(0.0, ge=0, description="ray: GPUs each worker actor requests; with one, its model and gradients run on that GPU.")
+    cpus_per_server: float = Field(1.0, ge=0, description="ray: CPUs each group server actor requests.")
+    checkpoint_every_s: float = Field(30.0, ge=0, description="ray: group servers checkpoint replica and optimizer (safetensors + JSON) every this many wall seconds, and at the end; 0 = never.")
+    max_restarts: int = Field(0, ge=0, description="ray: times each failed worker is restarted (it rejoins from its group's replica); 0 = drop it and go on.")
 
 
 class Config(Section):
@@ -168,17 +192,23 @@ class Config(Section):
     compression: CompressionConfig = CompressionConfig()
     backend: BackendConfig = BackendConfig()
 
+    @model_validator(mode="after")
+    def _similarity_needs_gradients(self) -> "Config":
+        if self.compression.similarity.enabled and self.backend.mode == "cost":
+            raise ValueError("compression.similarity: SIM measures real gradients, so it needs backend.mode = \"train\"")
+        return self
+
 
 def _format_error(err: ValidationError, source: str) -> str:
     """One line: the first problem, with its dotted key."""
     first = err.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "config"
+    key = ".".join(str(p) for p in first["loc"])
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
     msg = msg.removeprefix("Value error, ")
     more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    return f"{source}: {key}: {msg}{more}"
+    return f"{source}: {key}: {msg}{more}" if key else f"{source}: {msg}{more}"
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
