@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
+DEMO_SCHEMES ?= bsp,ssp,gssp,gssp+sim
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test browser bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,12 +17,28 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# BSP, SSP, GSSP and GSSP+SIM on 8 workers in four speed tiers (a few minutes on 2 cores).
 demo: $(STAMP)
-	$(BIN)/shoal train --config examples/mnist_tiers.toml --set sync.scheme=gssp --out runs/demo --overwrite
-	@echo "outputs: runs/demo/summary.json, runs/demo/metrics.jsonl, runs/demo/config.toml"
+	$(BIN)/shoal compare --config examples/demo.toml --schemes $(DEMO_SCHEMES) --out runs/demo --overwrite
+	@echo "open file://$(CURDIR)/runs/demo/report.html in a browser (accuracy over time, speed-ups, per-worker timelines, groups, SIM)"
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
+
+# Headless Chromium for the report's browser test; installed quietly where apt-get exists (the test
+# skips without it).
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+	  || ! command -v apt-get >/dev/null 2>&1 || { \
+	  echo "installing chromium (apt-get) for the headless report test"; \
+	  ( $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends chromium fonts-liberation ) >/dev/null 2>&1 \
+	  || echo "warning: could not install chromium; the headless report test will be skipped"; }
 
 clean:
 	rm -rf $(VENV) runs
+
+# Regenerate the configuration reference from the schema in src/shoal/config.py.
+.PHONY: docs
+docs: $(STAMP)
+	$(BIN)/python -m shoal.docgen --out docs/configuration.md

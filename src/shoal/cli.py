@@ -10,6 +10,7 @@ import sys
 
 import typer
 
+from shoal.commands.compare import compare
 from shoal.commands.route import route
 from shoal.commands.train import train
 
@@ -20,6 +21,7 @@ app = typer.Typer(
     help="Data-parallel training on heterogeneous clusters (GSSP, SIM, GDTopK, GRID).",
 )
 app.command("train")(train)
+app.command("compare")(compare)
 app.command("route")(route)
 
 

@@ -151,9 +151,9 @@ class GDTopKConfig(Section):
 
 class SimilarityConfig(Section):
     enabled: bool = Field(False, description="SIM: aggregate a parameter tensor only every tau iterations while workers' updates for it stay similar.")
-    threshold: float = Field(0.5, ge=-1, le=1, description="SIM: smoothed cosine similarity (worker update vs. aggregate) at or above which a tensor's period grows.")
+    threshold: float = Field(0.4, ge=-1, le=1, description="SIM: smoothed cosine similarity (worker update vs. aggregate) at or above which a tensor's period grows; independent noise alone gives 1/sqrt(workers).")
     max_period: int = Field(8, ge=1, description="SIM: longest aggregation period tau (iterations); bounds how far replicas drift.")
-    warmup_iterations: int = Field(50, ge=0, description="SIM: clocks (per-worker iterations) during which every tensor is aggregated every time.")
+    warmup_iterations: int = Field(20, ge=0, description="SIM: clocks (per-worker iterations) during which every tensor is aggregated every time.")
     min_numel: int = Field(1024, ge=0, description="SIM: tensors with fewer values are always aggregated (skipping them saves little).")
     smoothing: float = Field(0.5, gt=0, le=1, description="SIM: weight of the newest measurement in the similarity's moving average.")
 
@@ -166,6 +166,17 @@ class CompressionConfig(Section):
     error_feedback: bool = Field(True, description="Keep what was not sent and add it to the next gradient (biased compressors only: unbiased ones, randk and qsgd, skip it because feeding back their variance diverges).")
     gdtopk: GDTopKConfig = GDTopKConfig()
     similarity: SimilarityConfig = SimilarityConfig()
+
+
+class NetworkConfig(Section):
+    aggregation: Literal["server", "ina"] = Field("server", description="Where gradients are summed: at the server, or in the network (ina) along a routing plan.")
+    topology: str = Field("fattree:k=4", description="ina: fattree:k=K[,hosts=H], leafspine:spines=S,leaves=L[,hosts=H], or a JSON topology file.")
+    algorithm: Literal["grid", "rgria", "exact", "geryon", "atp", "switchml"] = Field("grid", description="ina: the planner that assigns each worker to a switch or the server.")
+    programmable: str = Field("tor", description="ina: programmable switches: tor, all, none, random:F, or a JSON file listing switch names.")
+    capacity_gbps: list[float] = Field([100.0, 3200.0], min_length=1, max_length=2, description="ina: switch aggregation capacity (Gbps): [C] or [LO, HI] drawn uniformly per switch; [] is not allowed.")
+    link_gbps: float | None = Field(None, gt=0, description="ina: bandwidth of every topology link (Gbps); none keeps the topology's (generated ones: 100).")
+    ps_host: str | None = Field(None, description="ina: the host the server runs on; none = chosen from the seed.")
+    worker_hosts: list[str] = Field([], description="ina: the host of each worker, in worker order; empty = placed from the seed.")
 
 
 class BackendConfig(Section):
@@ -190,12 +201,20 @@ class Config(Section):
     cluster: ClusterConfig = ClusterConfig()
     sync: SyncConfig = SyncConfig()
     compression: CompressionConfig = CompressionConfig()
+    network: NetworkConfig = NetworkConfig()
     backend: BackendConfig = BackendConfig()
 
     @model_validator(mode="after")
     def _similarity_needs_gradients(self) -> "Config":
         if self.compression.similarity.enabled and self.backend.mode == "cost":
             raise ValueError("compression.similarity: SIM measures real gradients, so it needs backend.mode = \"train\"")
+        if self.network.aggregation == "ina":
+            if self.sync.scheme != "bsp":
+                raise ValueError("network.aggregation: in-network aggregation sums one synchronous round, so it needs sync.scheme = \"bsp\"")
+            if self.compression.method != "none" or self.compression.similarity.enabled:
+                raise ValueError("network.aggregation: switches sum dense gradients; use compression.method = \"none\" without SIM")
+            if self.network.worker_hosts and len(self.network.worker_hosts) != self.cluster.workers:
+                raise ValueError(f"network.worker_hosts: {len(self.network.worker_hosts)} hosts for {self.cluster.workers} workers")
         return self
 
 

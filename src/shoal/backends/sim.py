@@ -196,6 +196,9 @@ class SimBackend:
         self.locals = self._make_local_models()
         self.delta_codecs = self._make_codecs(salt=7919) if self.locals else []
         self.force_pull: set[int] = set()
+        plan = setup.aggregation
+        self._switch_links = {s: SharedLink(self.env, bps) for s, bps in plan.switch_bps.items()} if plan else {}
+        self._switch_streams: dict[tuple[str, int], list[Any]] = {}
         gd = self.cfg.compression.gdtopk
         self.schedule = GDTopKSchedule(gd.initial_density, gd.warmup_epochs, gd.final_density_fast, gd.final_density_slow)
         self.exchanges = 0
@@ -297,7 +300,10 @@ class SimBackend:
 
             t2 = self.env.now
             yield self.env.timeout(profile.latency_s)
-            yield self.server_of(w).ingress.transfer(push.nbytes, profile.link_bps)
+            if self.setup.aggregation is None:
+                yield self.server_of(w).ingress.transfer(push.nbytes, profile.link_bps)
+            else:
+                yield from self._push_in_network(w, server, push.nbytes, round_=pulled_version)
             push_s = self.env.now - t2
             if self.stop.triggered:
                 return
@@ -408,6 +414,37 @@ class SimBackend:
         self.recorder.bytes_up += up_bytes
         self.recorder.bytes_down += down_bytes
 
+    # -- in-network aggregation ----------------------------------------------------
+
+    def _push_in_network(self, w: int, server: SimServer, nbytes: int, round_: int) -> Iterator[simpy.Event]:
+        """Push along the plan: straight to the server, or to a switch whose one summed stream goes on.
+
+        Every flow runs at the plan's honest rate. A switch forwards a round's
+        sum as one stream into the server's ingress, started by the round's
+        first contributor (switches stream fragments on as they complete), so
+        the server carries one stream per switch instead of one per worker.
+        """
+        plan = self.setup.aggregation
+        assert plan is not None
+        node = plan.node_of[w]
+        if node is None:
+            yield server.ingress.transfer(nbytes, plan.rate_bps)
+            return
+        key = (node, round_)
+        if key not in self._switch_streams:
+            self._switch_streams[key] = [self.env.process(self._forward_sum(server, nbytes)), 0]
+        stream = self._switch_streams[key]
+        yield self._switch_links[node].transfer(nbytes, plan.rate_bps)
+        stream[1] += 1
+        if stream[1] == plan.members(node):
+            del self._switch_streams[key]
+        yield stream[0]
+
+    def _forward_sum(self, server: SimServer, nbytes: int) -> Iterator[simpy.Event]:
+        assert self.setup.aggregation is not None
+        yield self.env.timeout(self.profile.latency_s)
+        yield server.ingress.transfer(nbytes, self.setup.aggregation.rate_bps)
+
     # -- GSSP ---------------------------------------------------------------------
 
     def _gssp_step(self, w: int, server: SimServer, applied: int, iteration_s: float) -> None:
@@ -434,7 +471,7 @@ class SimBackend:
         source = self.servers[0]
         self.servers = [
             self._make_server(self.gssp.policy(g), source.replica.clone(self.cfg.optimizer) if source.replica else None,
-                              source.schedule.restarted() if source.schedule else None)
+                              source.schedule.restarted(keep_bytes=g == 0) if source.schedule else None)
             for g in range(len(groups))
         ]
         for server in self.servers:
@@ -544,8 +581,17 @@ class SimBackend:
                 "group_updates": [s.updates for s in self.servers],
                 "exchanges": self.exchanges,
                 "bytes_exchange": int(self.bytes_exchange),
+                **self._similarity_summary(),
+                **({"routing": self.setup.aggregation.summary} if self.setup.aggregation else {}),
             },
         )
+
+    def _similarity_summary(self) -> dict[str, Any]:
+        """SIM's final state per group server, and the bytes it saved in all."""
+        states = [s.schedule.state() for s in self.servers if s.schedule is not None]
+        if not states:
+            return {}
+        return {"similarity": states, "bytes_saved_sim": sum(sum(st["bytes_saved"]) for st in states)}
 
     def _groups(self) -> list[list[int]]:
         if self.gssp is not None:

@@ -74,12 +74,16 @@ class SimilaritySchedule:
         """An independent copy (a GSSP group server starts from the profiling server's state)."""
         return copy.deepcopy(self)
 
-    def restarted(self) -> "SimilaritySchedule":
-        """A copy for servers whose clocks start again at 0 (a GSSP split); tau, similarity and bytes are kept."""
+    def restarted(self, keep_bytes: bool = True) -> "SimilaritySchedule":
+        """A copy for a server whose clocks start again at 0 (a GSSP split); tau and similarity are kept.
+
+        Only one of the copies should keep the bytes saved so far, or totals count them twice.
+        """
         fresh = self.clone()
         fresh._plans.clear()
         for t in fresh.tensors:
             t.last_sync = -1
+            t.bytes_saved = t.bytes_saved if keep_bytes else 0
         return fresh
 
     @property

@@ -11,6 +11,7 @@ from shoal.config import Config, ConfigError
 from shoal.data import BatchStream, Dataset, load_dataset, shard_indices
 from shoal.engine.gradients import GradientEngine
 from shoal.models import build_model
+from shoal.network.training import AggregationPlan, plan_aggregation
 
 
 @dataclass
@@ -23,6 +24,7 @@ class RunSetup:
     profile: ClusterProfile
     streams: list[BatchStream]
     compute_s_measured: float | None = None
+    aggregation: AggregationPlan | None = None  # in-network aggregation plan ([network] aggregation = "ina")
 
     @property
     def train_mode(self) -> bool:
@@ -59,7 +61,8 @@ def build_setup(cfg: Config) -> RunSetup:
         batch = min(cfg.data.batch_size, len(dataset.y_train))
         measured = engine.measure_compute_s(dataset.x_train[:batch], dataset.y_train[:batch])
     profile = build_profile(cfg.cluster, cfg.run.seed, compute_s=measured)
-    return RunSetup(cfg, dataset, engine, profile, _streams(cfg, dataset), measured)
+    aggregation = plan_aggregation(cfg) if cfg.network.aggregation == "ina" else None
+    return RunSetup(cfg, dataset, engine, profile, _streams(cfg, dataset), measured, aggregation)
 
 
 def _streams(cfg: Config, dataset: Dataset) -> list[BatchStream]:

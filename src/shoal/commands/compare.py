@@ -1,0 +1,241 @@
+"""`shoal compare`: run several schemes on one config, then write compare.json and report.html.
+
+Every scheme's config (and every seed's) is validated, and the output
+folder checked, before the first run starts, so a typo in the last scheme
+never costs the runs before it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from shoal.commands.common import user_errors_exit_2
+from shoal.config import Config, ConfigError, load_config
+from shoal.report.rows import add_speedups, seeds_row, single_row
+from shoal.report.schemes import MODIFIERS, Scheme, parse_schemes
+
+console = Console(stderr=True)
+
+# What marks a folder as holding a run; the same names as shoal.runner.RUN_FILES (importing the runner loads
+# torch, which the checks below run without).
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
+COMPARE_FILES = ("compare.json", "report.html")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One training of the comparison: a scheme, a seed, its validated config and its folder (relative to --out)."""
+
+    scheme: str
+    seed: int
+    cfg: Config
+    run_dir: str
+
+
+SCHEMES_HELP = f"Comma-separated specs base[+modifier...]: base bsp|asp|ssp|gssp, modifiers {'|'.join(MODIFIERS)}."
+
+
+@user_errors_exit_2
+def compare(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (defaults when omitted)."),
+    schemes: str = typer.Option(..., "--schemes", help=SCHEMES_HELP),
+    seeds: int = typer.Option(1, "--seeds", help="Runs per scheme; seed k uses run.seed + k and medians are reported."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="sim or ray (overrides backend.name)."),
+    set_: list[str] = typer.Option([], "--set", "-s", help="Override a key in every run: section.key=value (repeatable)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default runs/compare-<time>)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Write over an earlier comparison in --out."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display and no results table."),
+) -> None:
+    """Compare schemes (e.g. bsp,ssp,gssp,gssp+gdtopk) on one config and write an HTML report with plots."""
+    overrides = list(set_) + ([f"backend.name={backend}"] if backend else [])
+    plan = plan_runs(config, parse_schemes(schemes), seeds, overrides)
+    out = out or Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
+    check_compare_dir(out, plan, overwrite)
+    check_backends(plan)
+    command = _command(config, schemes, seeds, set_, backend, out)
+    summaries = execute(plan, out, quiet)
+    result = build_compare(plan, summaries, seeds, command)
+    from shoal.engine.metrics import write_json_atomic
+    from shoal.report.html import write_report
+
+    write_json_atomic(out / "compare.json", result)
+    with console.status("drawing the plots and writing report.html") if not quiet else nullcontext():
+        report = write_report(out)
+    if not quiet:
+        print_table(result, report)
+
+
+def plan_runs(config: Path | None, schemes: list[Scheme], seeds: int, overrides: list[str]) -> list[PlannedRun]:
+    """Validate every (scheme, seed) config up front; the scheme's keys win over --set."""
+    if seeds < 1:
+        raise ConfigError(f"--seeds {seeds}: must be at least 1")
+    base_seed = load_config(config, overrides).run.seed
+    plan = []
+    for scheme in schemes:
+        for k in range(seeds):
+            try:
+                cfg = load_config(config, overrides + list(scheme.overrides) + [f"run.seed={base_seed + k}"])
+            except ConfigError as err:
+                raise ConfigError(f"scheme {scheme.name}: {err}") from None
+            run_dir = scheme.name if seeds == 1 else f"{scheme.name}/seed-{k}"
+            plan.append(PlannedRun(scheme.name, base_seed + k, cfg, run_dir))
+    return plan
+
+
+def check_compare_dir(out: Path, plan: list[PlannedRun], overwrite: bool) -> None:
+    """Refuse a folder that holds an earlier comparison (or any of the runs) unless --overwrite."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder")
+    if overwrite:
+        return
+    taken = [out / name for name in COMPARE_FILES] + [out / p.run_dir / name for p in plan for name in RUN_FILES]
+    found = next((path for path in taken if path.exists()), None)
+    if found is not None:
+        raise ConfigError(f"--out {out}: already holds a comparison ({found.relative_to(out)}); "
+                          "choose another folder or pass --overwrite")
+
+
+def check_backends(plan: list[PlannedRun]) -> None:
+    """The ray backend's own input checks (e.g. no SIM yet) for every run, so a late scheme cannot fail mid-way."""
+    if not any(p.cfg.backend.name == "ray" for p in plan):
+        return
+    try:
+        from shoal.backends.ray import validate
+    except ImportError:  # a build without the ray backend: the runner rejects the first run, before writing
+        return
+    for p in plan:
+        try:
+            validate(p.cfg)
+        except ConfigError as err:
+            raise ConfigError(f"scheme {p.scheme}: {err}") from None
+
+
+def _command(config: Path | None, schemes: str, seeds: int, sets: list[str], backend: str | None, out: Path) -> str:
+    """The command line that reproduces this comparison (shown in the report)."""
+    args = ["shoal", "compare"] + (["--config", str(config)] if config else []) + ["--schemes", schemes]
+    args += (["--seeds", str(seeds)] if seeds > 1 else []) + (["--backend", backend] if backend else [])
+    for s in sets:
+        args += ["--set", s]
+    return shlex.join(args + ["--out", str(out)])
+
+
+# -- running -------------------------------------------------------------------------------------
+
+
+def execute(plan: list[PlannedRun], out: Path, quiet: bool) -> list[dict[str, Any]]:
+    """Run the plan in order, each into its folder, with one progress display across runs."""
+    from shoal.runner import train  # heavy (torch): only once everything is validated
+
+    if out.exists():
+        for name in COMPARE_FILES:  # --overwrite: no stale report may describe the new runs
+            (out / name).unlink(missing_ok=True)
+    summaries = []
+    with RunsProgress(plan, quiet) as progress:
+        for run in plan:
+            progress.begin(run)
+            summary = train(run.cfg, out / run.run_dir, overwrite=True, progress=progress.tick)
+            progress.end(run, summary)
+            summaries.append(summary)
+    return summaries
+
+
+class RunsProgress:
+    """Two bars on stderr: runs done of total, and the current run's virtual time, iterations, accuracy."""
+
+    def __init__(self, plan: list[PlannedRun], quiet: bool) -> None:
+        self.quiet, self.total = quiet, len(plan)
+        self.bar = Progress(
+            TextColumn("{task.description}", style="bold"), BarColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), console=console, transient=True,
+        )
+
+    def __enter__(self) -> "RunsProgress":
+        if not self.quiet:
+            self.bar.start()
+            self.done = 0
+            self.all = self.bar.add_task("compare", total=self.total, info=f"0/{self.total} runs")
+            self.current = self.bar.add_task("", total=1, info="")
+        return self
+
+    def begin(self, run: PlannedRun) -> None:
+        if not self.quiet:
+            self.budget = run.cfg.run.max_time_s
+            self.bar.reset(self.current, total=self.budget, description=self._label(run), info="starting")
+
+    @staticmethod
+    def _label(run: PlannedRun) -> str:
+        return run.scheme + (f" seed {run.seed}" if "/seed-" in run.run_dir else "")
+
+    def tick(self, tick: dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        acc = tick.get("accuracy")
+        info = f"t={tick['t']:.1f}/{self.budget:g}s iters={tick['iterations']}" + (
+            f" acc={acc:.3f}" if acc is not None else "")
+        self.bar.update(self.current, completed=min(tick["t"], self.budget), info=info)
+
+    def end(self, run: PlannedRun, summary: dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        self.done += 1
+        self.bar.update(self.all, completed=self.done, info=f"{self.done}/{self.total} runs")
+        ttt, acc = summary["time_to_target_s"], summary["final_accuracy"]
+        reached = f"target at {ttt:.1f}s" if ttt is not None else "target not reached"
+        acc_text = f"{acc:.3f}" if acc is not None else "-"
+        self.bar.console.print(f"[green]done[/] {self._label(run)}: {reached}, final accuracy {acc_text}, "
+                               f"{summary['iterations']} iterations, wall {summary['wall_s']:.0f}s")
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.quiet:
+            self.bar.stop()
+
+
+# -- results -------------------------------------------------------------------------------------
+
+
+def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], seeds: int, command: str) -> dict[str, Any]:
+    """compare.json: what was compared, and one row per scheme with the speed-up over BSP."""
+    names = list(dict.fromkeys(p.scheme for p in plan))
+    rows = []
+    for name in names:
+        runs = [(p, s) for p, s in zip(plan, summaries) if p.scheme == name]
+        if seeds == 1:
+            rows.append(single_row(name, runs[0][1], runs[0][0].run_dir))
+        else:
+            rows.append(seeds_row(name, [s for _, s in runs], [p.run_dir for p, _ in runs], [p.seed for p, _ in runs]))
+    first = plan[0].cfg
+    return {
+        "command": command,
+        "schemes": names,
+        "seeds": seeds,
+        "backend": first.backend.name,
+        "target_accuracy": first.run.target_accuracy,
+        "max_time_s": first.run.max_time_s,
+        "rows": add_speedups(rows),
+    }
+
+
+def print_table(result: dict[str, Any], report: Path) -> None:
+    """The results table on stdout, then where the report is."""
+    from shoal.report.units import human_bytes
+
+    target = result["target_accuracy"]
+    table = Table(title=f"shoal compare ({result['backend']}, {result['seeds']} seed{'s' * (result['seeds'] > 1)})")
+    for col in ("scheme", f"time to {target:.0%}", "vs BSP", "final acc", "upload", "iterations"):
+        table.add_column(col, justify="left" if col == "scheme" else "right", no_wrap=True)
+    for r in result["rows"]:
+        ttt, sp, acc = r["time_to_target_s"], r["speedup_vs_bsp"], r["final_accuracy"]
+        table.add_row(r["scheme"], "never" if ttt is None else f"{ttt:.1f}s", "-" if sp is None else f"{sp:.2f}x",
+                      "-" if acc is None else f"{acc:.4f}", human_bytes(r.get("bytes_up")), f"{r['iterations']:,.0f}")
+    Console().print(table)
+    typer.echo(f"report: {report}")

@@ -1,0 +1,306 @@
+"""The report's plots (matplotlib, Agg, no pyplot state): one function per figure, each writes a PNG.
+
+Figures are built on ``matplotlib.figure.Figure`` directly, so nothing here
+touches a display or pyplot's global figure list, and the functions are safe
+to call from tests and scripts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+from matplotlib.colors import BoundaryNorm  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import PercentFormatter  # noqa: E402
+
+from shoal.report.runs import segments  # noqa: E402
+from shoal.report.units import fmt_seconds, human_bytes  # noqa: E402
+
+SCHEME_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]
+GROUP_COLORS = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#386cb0"]
+COMPUTE, COMM, WAIT = "#4c72b0", "#dd8452", "#c9c9c9"
+DPI = 110
+MAX_TIMELINE_WORKERS = 32
+
+
+def scheme_color(index: int) -> str:
+    return SCHEME_COLORS[index % len(SCHEME_COLORS)]
+
+
+def group_color(group: int) -> str:
+    return GROUP_COLORS[group % len(GROUP_COLORS)]
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI, facecolor="white")
+    return path
+
+
+# -- (a) accuracy against time --------------------------------------------------------------
+
+
+@dataclass
+class Curve:
+    """One run's test accuracy over time; ``faint`` for the extra seeds of a scheme."""
+
+    name: str
+    points: list[tuple[float, float]]
+    color: str
+    time_to_target: float | None = None
+    faint: bool = False
+
+
+def plot_accuracy(curves: Sequence[Curve], target: float | None, path: Path, time_label: str) -> Path:
+    """Accuracy against time for every scheme: the whole run, and a zoom on the region near the target."""
+    fig = Figure(figsize=(12, 4.6), layout="constrained")
+    full, zoom = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    for ax in (full, zoom):
+        for c in curves:
+            if not c.points:
+                continue
+            t, acc = zip(*c.points)
+            label = None if c.faint or ax is zoom else _curve_label(c)
+            ax.plot(t, acc, color=c.color, lw=0.9 if c.faint else 2.0, alpha=0.35 if c.faint else 1.0, label=label)
+            if c.time_to_target is not None and target is not None and not c.faint:
+                ax.plot([c.time_to_target], [target], "o", color=c.color, ms=7, mec="white", mew=1.5, zorder=5)
+        if target is not None:
+            ax.axhline(target, color="#444", ls="--", lw=1, label=None if ax is zoom else f"target {target:.0%}")
+        ax.set_xlabel(time_label)
+        ax.grid(alpha=0.3)
+    full.set_ylabel("test accuracy")
+    full.set_ylim(0, 1)
+    full.set_title("Test accuracy over time (dot: target reached)")
+    full.legend(loc="lower right", fontsize=9)
+    _zoom_near_target(zoom, curves, target)
+    return _save(fig, path)
+
+
+def _curve_label(c: Curve) -> str:
+    reached = "target not reached" if c.time_to_target is None else f"target at {fmt_seconds(c.time_to_target)}"
+    return f"{c.name} ({reached})"
+
+
+def _zoom_near_target(ax: Any, curves: Sequence[Curve], target: float | None) -> None:
+    accs = [a for c in curves for _, a in c.points]
+    if not accs:
+        return
+    top = max(accs)
+    low = min(target, top) - 0.08 if target is not None else top - 0.1
+    ax.set_ylim(max(0.0, low), min(1.0, max(top, target or 0) + 0.01))
+    ax.set_title("Zoom: near the target")
+
+
+# -- (b) where worker time went ---------------------------------------------------------------
+
+
+def plot_time_split(rows: Sequence[tuple[str, list[dict[str, Any]]]], path: Path) -> Path:
+    """One stacked bar per scheme: the share of all worker time spent computing, communicating, waiting."""
+    fig = Figure(figsize=(12, 0.9 + 0.55 * len(rows)), layout="constrained")
+    ax = fig.subplots()
+    names = [name for name, _ in rows]
+    for y, (_, workers) in enumerate(rows):
+        left = 0.0
+        for key, color in (("compute_s", COMPUTE), ("comm_s", COMM), ("wait_s", WAIT)):
+            share = _share(workers, key)
+            ax.barh(y, share, left=left, color=color, height=0.6, edgecolor="white")
+            if share >= 0.06:
+                ax.text(left + share / 2, y, f"{share:.0%}", ha="center", va="center", fontsize=9,
+                        color="white" if color != WAIT else "#333")
+            left += share
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.xaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_xlabel("share of all workers' time")
+    ax.set_title("Where the workers' time went")
+    handles = [Patch(color=COMPUTE, label="computing"), Patch(color=COMM, label="communicating"),
+               Patch(color=WAIT, label="waiting")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False)
+    return _save(fig, path)
+
+
+def _share(workers: list[dict[str, Any]], key: str) -> float:
+    total = sum(w["compute_s"] + w["comm_s"] + w["wait_s"] for w in workers)
+    return sum(w[key] for w in workers) / total if total > 0 else 0.0
+
+
+# -- (c) per-worker timeline ---------------------------------------------------------------------
+
+
+@dataclass
+class Timeline:
+    """One run's iterations inside a window, with what is needed to label them."""
+
+    name: str
+    iterations: list[dict[str, Any]]
+    speeds: list[float]
+    window: tuple[float, float]
+    marks: list[tuple[float, str]]  # (time, label): groups formed, regroups, run ended
+
+
+def plot_timeline(tl: Timeline, path: Path, time_label: str) -> tuple[Path, float]:
+    """Gantt chart of each worker's wait / pull / compute / push; returns the path and the compute share."""
+    workers = pick_workers(tl.speeds, MAX_TIMELINE_WORKERS)
+    row = {w: i for i, w in enumerate(workers)}
+    fig = Figure(figsize=(12, 1.5 + 0.3 * len(workers)), layout="constrained")
+    ax = fig.subplots()
+    bars: dict[tuple[int, str, int], list[tuple[float, float]]] = {}
+    for event in tl.iterations:
+        if event["worker"] in row:
+            for kind, start, duration in segments(event):
+                bars.setdefault((event["worker"], kind, int(event.get("group") or 0)), []).append((start, duration))
+    groups_seen = sorted({g for _, _, g in bars})
+    for (w, kind, g), spans in bars.items():
+        _draw(ax, row[w], kind, group_color(g), spans)
+    share = _compute_share(bars, tl.window, len(workers))
+    _decorate_timeline(ax, tl, workers, time_label, share, len(tl.speeds))
+    fig.legend(handles=_timeline_legend(groups_seen), loc="outside lower center", ncol=min(len(groups_seen) + 2, 6),
+               frameon=False, fontsize=9)
+    return _save(fig, path), share
+
+
+def _draw(ax: Any, y: int, kind: str, color: str, spans: list[tuple[float, float]]) -> None:
+    if kind == "compute":
+        ax.broken_barh(spans, (y - 0.36, 0.72), facecolors=color, edgecolor="white", linewidth=0.3)
+    elif kind == "comm":
+        ax.broken_barh(spans, (y - 0.36, 0.72), facecolors="#222222")
+    else:
+        ax.broken_barh(spans, (y - 0.12, 0.24), facecolors=color, alpha=0.35)
+
+
+def _compute_share(bars: dict[tuple[int, str, int], list[tuple[float, float]]], window: tuple[float, float],
+                   workers: int) -> float:
+    t0, t1 = window
+    busy = sum(max(0.0, min(s + d, t1) - max(s, t0)) for (_, kind, _), spans in bars.items() if kind == "compute"
+               for s, d in spans)
+    return busy / (workers * (t1 - t0)) if t1 > t0 and workers else 0.0
+
+
+def _decorate_timeline(ax: Any, tl: Timeline, workers: list[int], time_label: str, share: float, total: int) -> None:
+    labels = [f"w{w} ({tl.speeds[w]:g}x)" if w < len(tl.speeds) else f"w{w}" for w in workers]
+    ax.set_yticks(range(len(workers)), labels)
+    ax.set_ylim(len(workers) - 0.5, -0.5)
+    ax.set_xlim(*tl.window)
+    shown = sorted(m for m in tl.marks if tl.window[0] <= m[0] <= tl.window[1])
+    levels = _mark_levels([t for t, _ in shown], tl.window)
+    for (t, label), level in zip(shown, levels):
+        ax.axvline(t, color="#000", ls=":", lw=1.2)
+        ax.annotate(label, (t, 1.0), xycoords=("data", "axes fraction"), xytext=(2, 2 + 11 * level),
+                    textcoords="offset points", fontsize=8, va="bottom", ha="left", annotation_clip=False)
+    ax.set_xlabel(time_label)
+    ax.set_ylabel("worker (slowdown)")
+    subset = f", {len(workers)} of {total} workers shown" if len(workers) < total else ""
+    ax.set_title(f"{tl.name}: workers computed {share:.0%} of the time in this window{subset}", loc="left",
+                 pad=16 + 11 * max(levels, default=0))
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _mark_levels(times: list[float], window: tuple[float, float], gap: float = 0.09) -> list[int]:
+    """Label heights for vertical marks: a mark closer than ``gap`` (of the window) to the one before goes a line up."""
+    levels: list[int] = []
+    last: dict[int, float] = {}
+    width = max(window[1] - window[0], 1e-12)
+    for t in times:
+        level = next(lv for lv in range(len(times) + 1) if lv not in last or (t - last[lv]) / width >= gap)
+        last[level] = t
+        levels.append(min(level, 3))
+    return levels
+
+
+def _timeline_legend(groups: list[int]) -> list[Patch]:
+    handles = [Patch(color=group_color(g), label=f"compute, group {g}") for g in groups]
+    handles.append(Patch(color="#222222", label="communication"))
+    handles.append(Patch(color="#888888", alpha=0.35, label="waiting (thin pale bar)"))
+    return handles
+
+
+def pick_workers(speeds: Sequence[float], limit: int) -> list[int]:
+    """Every worker, or ``limit`` of them spread evenly over the speed order (so every tier stays visible)."""
+    n = len(speeds)
+    if n <= limit:
+        return list(range(n))
+    by_speed = sorted(range(n), key=lambda w: (speeds[w], w))
+    chosen = {by_speed[round(i * (n - 1) / (limit - 1))] for i in range(limit)}
+    return sorted(chosen)
+
+
+# -- (e) SIM periods -----------------------------------------------------------------------------
+
+
+MAX_SIM_COLUMNS = 1500
+MAX_SIM_PANELS = 8
+
+
+def plot_sim_heatmap(events: Sequence[Mapping[str, Any]], path: Path, *, title: str | None = None,
+                     time_label: str = "time (s)") -> Path:
+    """Heat-map of SIM's aggregation period tau per tensor over time, one panel per group.
+
+    ``events`` are "sim" records ({t, group, names, tau, ...}; other events
+    are ignored). A column lasts from one record of its group to the next, so
+    irregular record times are drawn to scale. Raises ValueError when there is
+    no sim record.
+    """
+    sim = [e for e in events if e.get("event", "sim") == "sim" and e.get("names")]
+    if not sim:
+        raise ValueError("no SIM events to plot")
+    by_group: dict[int, list[Mapping[str, Any]]] = {}
+    for e in sorted(sim, key=lambda e: e["t"]):
+        by_group.setdefault(int(e.get("group") or 0), []).append(e)
+    groups = sorted(by_group)[:MAX_SIM_PANELS]
+    max_tau = max(max((int(v) for v in e["tau"] if v is not None), default=1) for e in sim)
+    names = _tensor_names(sim)
+    fig = Figure(figsize=(12, 1.3 + len(groups) * max(1.4, 0.24 * len(names))), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(len(groups), 1, sharex=True, squeeze=False)[:, 0])
+    cmap = matplotlib.colormaps["viridis"].resampled(max_tau)
+    norm = BoundaryNorm(np.arange(0.5, max_tau + 1.5), cmap.N)
+    mesh = None
+    for ax, g in zip(axes, groups):
+        mesh = _sim_panel(ax, by_group[g], names, cmap, norm)
+        ax.set_title(f"group {g}: {human_bytes(_bytes_saved(by_group[g]))} saved", loc="left", fontsize=10)
+    axes[-1].set_xlabel(time_label)
+    bar = fig.colorbar(mesh, ax=list(axes), ticks=range(1, max_tau + 1), fraction=0.03, pad=0.01)
+    bar.set_label("aggregation period τ (iterations)")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _tensor_names(events: Sequence[Mapping[str, Any]]) -> list[str]:
+    names: dict[str, None] = {}
+    for e in events:
+        names.update(dict.fromkeys(e["names"]))
+    return list(names)
+
+
+def _sim_panel(ax: Any, events: list[Mapping[str, Any]], names: list[str], cmap: Any, norm: Any) -> Any:
+    """One group's tau matrix (tensors x records) drawn with each record's own time span."""
+    step = max(1, -(-len(events) // MAX_SIM_COLUMNS))
+    events = events[::step]
+    index = {name: i for i, name in enumerate(names)}
+    tau = np.full((len(names), len(events)), np.nan)
+    for j, e in enumerate(events):
+        for name, value in zip(e["names"], e["tau"]):
+            if value is not None:
+                tau[index[name], j] = value
+    times = np.array([float(e["t"]) for e in events])
+    gap = float(np.median(np.diff(times))) if len(times) > 1 else 1.0
+    edges = np.append(times, times[-1] + (gap if gap > 0 else 1.0))
+    mesh = ax.pcolormesh(edges, np.arange(len(names) + 1), np.ma.masked_invalid(tau), cmap=cmap, norm=norm,
+                         shading="flat", rasterized=True)
+    ax.set_yticks(np.arange(len(names)) + 0.5, names, fontsize=8)
+    ax.set_ylim(len(names), 0)
+    return mesh
+
+
+def _bytes_saved(events: list[Mapping[str, Any]]) -> float:
+    last = events[-1].get("bytes_saved") or []
+    return float(sum(v for v in last if v is not None))

@@ -1,0 +1,199 @@
+"""`shoal compare`: scheme specs, compare.json rows (speed-ups, null-aware medians), and the command end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import FAST
+from shoal.cli import app
+from shoal.commands.compare import RUN_FILES, plan_runs
+from shoal.config import ConfigError
+from shoal.report.rows import add_speedups, median_time, seeds_row, speedup
+from shoal.report.schemes import parse_scheme, parse_schemes
+
+SHOAL = [str(Path(sys.executable).with_name("shoal"))]
+SUMMARY_FIELDS = ("scheme", "backend", "final_accuracy", "best_accuracy", "target_accuracy", "time_to_target_s",
+                  "elapsed_s", "iterations", "bytes_up", "bytes_down", "groups", "per_worker")
+
+
+def shoal(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(SHOAL + list(args), capture_output=True, text=True, timeout=300)
+
+
+def _sets(*overrides: str) -> list[str]:
+    return [arg for o in list(FAST) + list(overrides) for arg in ("--set", o)]
+
+
+# -- scheme specs ---------------------------------------------------------------------------------------
+
+
+def test_scheme_specs_become_overrides():
+    assert parse_scheme("bsp").overrides == ("sync.scheme=bsp",)
+    assert parse_scheme("gssp+sim").overrides == ("sync.scheme=gssp", "compression.similarity.enabled=true")
+    spec = parse_scheme(" GSSP+GDTopK ")
+    assert spec.name == "gssp+gdtopk" and spec.overrides == ("sync.scheme=gssp", "compression.method=gdtopk")
+    assert parse_scheme("ssp+sim+fp16").overrides == (
+        "sync.scheme=ssp", "compression.similarity.enabled=true", "compression.method=fp16")
+    assert [s.name for s in parse_schemes("bsp, ssp,,gssp")] == ["bsp", "ssp", "gssp"]
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("gsp", "unknown scheme 'gsp'"),
+    ("gssp+zip", "unknown modifier 'zip' in 'gssp+zip'"),
+    ("bsp+topk+fp16", "'topk' and 'fp16' in 'bsp+topk+fp16' both set compression.method"),
+    ("bsp,ssp,bsp", "'bsp' is listed twice"),
+    (" , ", "give at least one scheme"),
+])
+def test_bad_scheme_specs(text, fragment):
+    with pytest.raises(ConfigError, match="--schemes") as err:
+        parse_schemes(text)
+    assert fragment in str(err.value)
+
+
+# -- rows ---------------------------------------------------------------------------------------------------
+
+
+def test_speedup_is_bsp_time_over_scheme_time_or_none():
+    assert speedup(90.0, 20.0) == 4.5
+    assert speedup(None, 20.0) is None and speedup(90.0, None) is None and speedup(90.0, 0.0) is None
+    rows = add_speedups([{"scheme": "bsp", "time_to_target_s": 30.0}, {"scheme": "gssp", "time_to_target_s": 12.0},
+                         {"scheme": "ssp", "time_to_target_s": None}])
+    assert [r["speedup_vs_bsp"] for r in rows] == [1.0, 2.5, None]
+    no_bsp = add_speedups([{"scheme": "bsp+topk", "time_to_target_s": 5.0}, {"scheme": "gssp", "time_to_target_s": 1.0}])
+    assert [r["speedup_vs_bsp"] for r in no_bsp] == [None, None]
+    unreached = add_speedups([{"scheme": "bsp", "time_to_target_s": None}, {"scheme": "gssp", "time_to_target_s": 1.0}])
+    assert [r["speedup_vs_bsp"] for r in unreached] == [None, None]
+
+
+def test_median_counts_unreached_seeds_as_infinitely_slow():
+    assert median_time([3.0, 1.0, 2.0]) == 2.0
+    assert median_time([1.0, None, 3.0]) == 3.0
+    assert median_time([1.0, None, None]) is None
+    assert median_time([4.0, 2.0]) == 3.0
+    assert median_time([2.0, None]) is None
+    assert median_time([5.0, 1.0, None, 2.0]) == 3.5
+    assert median_time([None]) is None and median_time([]) is None
+
+
+def test_seeds_row_holds_medians_and_each_seeds_key_fields():
+    summaries = [
+        {"scheme": "gssp", "backend": "sim", "target_accuracy": 0.9, "time_to_target_s": t, "final_accuracy": a,
+         "best_accuracy": a, "bytes_up": b, "bytes_down": 2 * b, "iterations": 10, "elapsed_s": 5.0, "wall_s": 1.0,
+         "stop_reason": "time_budget", "groups": [[0, 1]], "per_worker": []}
+        for t, a, b in ((4.0, 0.91, 100), (None, 0.85, 300), (2.0, 0.95, 200))
+    ]
+    row = seeds_row("gssp+topk", summaries, ["gssp+topk/seed-0", "gssp+topk/seed-1", "gssp+topk/seed-2"], [7, 8, 9])
+    assert row["scheme"] == "gssp+topk" and row["sync_scheme"] == "gssp"
+    assert row["time_to_target_s"] == 4.0 and row["reached"] == 2
+    assert row["final_accuracy"] == 0.91 and row["bytes_up"] == 200 and row["bytes_down"] == 400
+    assert [s["seed"] for s in row["seeds"]] == [7, 8, 9]
+    assert row["seeds"][1] == {"seed": 8, "run_dir": "gssp+topk/seed-1", "time_to_target_s": None,
+                               "final_accuracy": 0.85, "best_accuracy": 0.85, "bytes_up": 300, "bytes_down": 600,
+                               "iterations": 10, "elapsed_s": 5.0, "wall_s": 1.0, "stop_reason": "time_budget"}
+
+
+# -- planning (everything validated before the first run) --------------------------------------------------
+
+
+def test_plan_validates_every_scheme_and_seed_before_running():
+    plan = plan_runs(None, parse_schemes("bsp,gssp+topk"), 2, FAST + ["run.seed=5", "sync.scheme=asp"])
+    assert [(p.scheme, p.seed, p.run_dir) for p in plan] == [
+        ("bsp", 5, "bsp/seed-0"), ("bsp", 6, "bsp/seed-1"),
+        ("gssp+topk", 5, "gssp+topk/seed-0"), ("gssp+topk", 6, "gssp+topk/seed-1")]
+    assert plan[0].cfg.sync.scheme == "bsp"  # the scheme wins over --set
+    assert plan[3].cfg.compression.method == "topk" and plan[3].cfg.run.seed == 6
+    # SIM needs real gradients: only the gssp+sim config is invalid, and it is named.
+    with pytest.raises(ConfigError, match=r"^scheme gssp\+sim: .*compression\.similarity"):
+        plan_runs(None, parse_schemes("bsp,gssp+sim"), 1, FAST + ["backend.mode=cost"])
+    with pytest.raises(ConfigError, match="--seeds 0: must be at least 1"):
+        plan_runs(None, parse_schemes("bsp"), 0, FAST)
+
+
+def test_run_files_match_the_runner():
+    from shoal.runner import RUN_FILES as runner_files
+
+    assert RUN_FILES == runner_files
+
+
+# -- end to end ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """bsp, ssp and gssp on the fast config with two speed tiers, through the real console script."""
+    out = tmp_path_factory.mktemp("cmp") / "out"
+    result = shoal("compare", *_sets("cluster.speeds=[1, 1, 3, 3]"), "--schemes", "bsp,ssp,gssp", "--out", str(out))
+    return out, result
+
+
+def test_compare_writes_rows_plots_and_report(compared):
+    out, result = compared
+    assert result.returncode == 0, result.stderr
+    assert "report:" in result.stdout and str(out / "report.html") in result.stdout.replace("\n", "")
+    data = json.loads((out / "compare.json").read_text())
+    assert data["schemes"] == ["bsp", "ssp", "gssp"] and data["seeds"] == 1 and data["backend"] == "sim"
+    assert data["target_accuracy"] == 0.9 and data["command"].startswith("shoal compare ")
+    rows = {r["scheme"]: r for r in data["rows"]}
+    assert list(rows) == ["bsp", "ssp", "gssp"]
+    for name, row in rows.items():
+        assert all(key in row for key in SUMMARY_FIELDS + ("speedup_vs_bsp",)), name
+        assert row["run_dir"] == name and row["sync_scheme"] == name
+        summary = json.loads((out / name / "summary.json").read_text())
+        assert row["time_to_target_s"] == summary["time_to_target_s"] and row["iterations"] == summary["iterations"]
+        bsp_t, t = rows["bsp"]["time_to_target_s"], row["time_to_target_s"]
+        expected = None if bsp_t is None or t is None else round(bsp_t / t, 6)
+        assert row["speedup_vs_bsp"] == expected
+    assert len(rows["gssp"]["groups"]) == 2
+    for name in ("accuracy.png", "time-split.png", "timeline-bsp.png", "timeline-ssp.png", "timeline-gssp.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    page = (out / "report.html").read_text()
+    for anchor in ("accuracy", "results", "timeline", "groups"):
+        assert f'<section id="{anchor}">' in page
+    assert '<section id="sim">' not in page and '<section id="routing">' not in page
+    assert page.count('<img src="data:image/png;base64,') == 5
+    assert "profiled" in page  # gssp's grouping is listed
+
+
+def test_bad_scheme_is_one_line_exit_2_and_writes_nothing(tmp_path):
+    result = shoal("compare", *_sets(), "--schemes", "bsp,gssp+warp", "--out", str(tmp_path / "c"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: --schemes: unknown modifier 'warp' in 'gssp+warp'; choose from sim, fp16, topk, randk, dgc, qsgd, gdtopk"]
+    assert not (tmp_path / "c").exists()
+
+
+def test_an_earlier_comparison_is_never_overwritten_by_accident(compared):
+    out, _ = compared
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+    result = shoal("compare", *_sets(), "--schemes", "bsp", "--out", str(out))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "already holds a comparison" in result.stderr and "--overwrite" in result.stderr
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_seeds_give_medians_and_unlogged_runs_say_so(tmp_path):
+    out = tmp_path / "seeds"
+    args = ["compare", *_sets("backend.log_iterations=false", "run.max_time_s=0.5"), "--schemes", "ssp",
+            "--seeds", "2", "--out", str(out), "-q"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "compare.json").read_text())
+    assert data["seeds"] == 2
+    for row in data["rows"]:
+        seeds = row["seeds"]
+        assert [s["seed"] for s in seeds] == [0, 1]
+        assert [s["run_dir"] for s in seeds] == [f"{row['scheme']}/seed-0", f"{row['scheme']}/seed-1"]
+        assert row["time_to_target_s"] == median_time([s["time_to_target_s"] for s in seeds])
+        assert row["bytes_up"] == (seeds[0]["bytes_up"] + seeds[1]["bytes_up"]) / 2
+        assert (out / row["scheme"] / "seed-1" / "summary.json").exists()
+    page = (out / "report.html").read_text()
+    assert "ssp: no per-iteration events" in page and not list(out.glob("timeline-*.png"))
+    assert CliRunner().invoke(app, args).exit_code == 2
+    again = CliRunner().invoke(app, args + ["--overwrite"])
+    assert again.exit_code == 0, again.output
