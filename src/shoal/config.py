@@ -289,7 +289,7 @@ def to_toml(cfg: Config) -> str:
         lines.append(f"[{prefix}]")
         for key, value in scalars.items():
             if value is not None:
-                lines.append(f"{key} = {_toml_value(value)}")
+                lines.append(f"{key} = {toml_value(value)}")
         lines.append("")
         for key, value in table.items():
             if isinstance(value, dict):
@@ -300,7 +300,8 @@ def to_toml(cfg: Config) -> str:
     return "\n".join(lines)
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """One value in TOML syntax (bool, number, string, list, inline table)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -308,7 +309,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {value!r} as TOML")

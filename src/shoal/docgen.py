@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
-import json
 import sys
 import textwrap
 import types
@@ -31,7 +30,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from shoal.config import DATA_BUILTINS, DATA_FILE_KINDS, Config
+from shoal.config import DATA_BUILTINS, DATA_FILE_KINDS, Config, toml_value
 
 DEFAULT_PATH = Path("docs/configuration.md")
 REGENERATE = "make docs  (or: .venv/bin/python -m shoal.docgen --out docs/configuration.md)"
@@ -236,23 +235,26 @@ def _type_name(tp: Any) -> str:
 
 
 def _toml(value: Any) -> str:
+    """A default or allowed value as it would be written in TOML ("not set" for None)."""
     if isinstance(value, BaseModel):
         value = value.model_dump()
     if value is None:
         return "not set"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
+    try:
+        return toml_value(_plain(value))
+    except TypeError:
+        return str(value)
+
+
+def _plain(value: Any) -> Any:
+    """Paths as strings and tuples as lists, so the config's TOML writer takes them."""
     if isinstance(value, Path):
-        return json.dumps(str(value))
+        return str(value)
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
+        return [_plain(v) for v in value]
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
-    return str(value)
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def _default(field: FieldInfo) -> str:
