@@ -51,7 +51,8 @@ def test_resolved_config_reproduces_the_run(tmp_path):
         (["--set", "sync.scheme=gossip"], "sync.scheme"),
         (["--config", "/no/such/config.toml"], "config file not found"),
         (["--set", "cluster.workers"], "expected section.key=value"),
-        (["--backend", "ray"], "ray backend is not available"),
+        (["--backend", "ray", "--set", "backend.mode=cost"], "cost mode is simulator-only"),
+        (["--resume", "/no/such/run"], "config file not found"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, fragment):

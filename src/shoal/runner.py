@@ -24,24 +24,48 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
         raise ConfigError(f"--out {out}: already holds a run; choose another folder or pass --overwrite")
 
 
-def run_backend(setup: RunSetup, recorder: RunRecorder, progress: Any = None) -> dict[str, Any]:
-    """Drive the configured backend to the end of the run."""
+def run_backend(setup: RunSetup, recorder: RunRecorder, progress: Any = None, *, out: Path | None = None,
+                resume: Path | None = None) -> dict[str, Any]:
+    """Drive the configured backend to the end of the run (``out``: where the ray backend checkpoints)."""
+    if setup.cfg.backend.name == "ray":
+        from shoal.backends.ray import RayBackend
+
+        return RayBackend(setup, recorder, progress, out=out, resume=resume).run()
     from shoal.backends.sim import SimBackend
 
     return SimBackend(setup, recorder, progress).run()
 
 
-def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = None) -> dict[str, Any]:
-    """Run one training and write config.toml, metrics.jsonl and summary.json into ``out``."""
-    check_out_dir(out, overwrite)
+def _check_inputs(cfg: Config, out: Path, overwrite: bool, resume: Path | None) -> bool:
+    """Everything that can reject the run; True when a resume continues in its own folder."""
+    in_place = resume is not None and out.resolve() == resume.resolve()
+    if not in_place:
+        check_out_dir(out, overwrite)
     if cfg.backend.name == "ray":
-        raise ConfigError("backend.name: the ray backend is not available in this version; use sim")
+        from shoal.backends.ray import validate
+
+        validate(cfg)
+    if resume is not None:
+        from shoal.backends.ray import check_resume
+
+        check_resume(cfg, resume)
+    return in_place
+
+
+def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = None,
+          resume: Path | None = None) -> dict[str, Any]:
+    """Run one training and write config.toml, metrics.jsonl and summary.json into ``out``.
+
+    With ``resume`` (a ray run's folder) training continues from its last
+    checkpoint; resuming into the same folder appends to its metrics.jsonl.
+    """
+    in_place = _check_inputs(cfg, out, overwrite, resume)
     setup = build_setup(cfg)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(to_toml(cfg))
-    with open(out / "metrics.jsonl", "w") as stream:
+    with open(out / "metrics.jsonl", "a" if in_place else "w") as stream:
         recorder = RunRecorder(stream=stream, log_iterations=cfg.backend.log_iterations)
-        summary = run_backend(setup, recorder, progress)
+        summary = run_backend(setup, recorder, progress, out=out, resume=resume)
     if setup.compute_s_measured is not None:
         summary["compute_s_measured"] = setup.compute_s_measured
     write_json_atomic(out / "summary.json", summary)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -25,16 +26,23 @@ def train(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default runs/train-<time>)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Write over an earlier run in --out."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),
+    address: Optional[str] = typer.Option(None, "--address", help="ray: join this Ray cluster (\"auto\" or ray://HOST:PORT) instead of starting a local one."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="ray: continue the run in this folder from its last checkpoint (its config.toml unless --config)."),
 ) -> None:
     """Train a model data-parallel on a simulated or real heterogeneous cluster."""
     overrides = list(set_) + ([f"backend.name={backend}"] if backend else [])
+    overrides += [f"backend.address={json.dumps(address)}"] if address else []
+    if resume is not None and config is None:
+        config = resume / "config.toml"
     cfg = load_config(config, overrides)
     from shoal.runner import train as run_training  # heavy (torch): only once the config is valid
-    out = out or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
+    out = out or resume or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
     with _progress(quiet, cfg.run.max_time_s) as update:
-        summary = run_training(cfg, out, overwrite=overwrite, progress=update)
+        summary = run_training(cfg, out, overwrite=overwrite, progress=update, resume=resume)
     if not quiet:
         _print_summary(summary, out)
+    if summary.get("stop_reason") == "interrupted":
+        raise typer.Exit(130)
 
 
 class _progress:
@@ -57,6 +65,10 @@ class _progress:
     def update(self, tick: dict[str, Any]) -> None:
         acc = tick.get("accuracy")
         info = f"t={tick['t']:.1f}s  iters={tick['iterations']}" + (f"  acc={acc:.4f}" if acc is not None else "")
+        if tick.get("rates"):  # ray: iterations per second of each group
+            info += "  it/s " + "/".join(f"{r:g}" for r in tick["rates"])
+        if tick.get("failures"):
+            info += f"  failed={tick['failures']}"
         self.bar.update(self.task, completed=min(tick["t"], self.budget), info=info)
 
     def __exit__(self, *exc: Any) -> None:

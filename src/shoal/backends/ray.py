@@ -1,0 +1,841 @@
+"""The `ray` backend: the same sync policies and compressors, driven by real processes.
+
+The driver (this module, in the `shoal train` process) owns the decisions
+the simulator makes in one process: GSSP membership (profiling, the split,
+regrouping), evaluation, stopping rules, failures and checkpoints. Group
+servers and workers are Ray actors (``ray_actors``): a server gates its
+workers with its pure policy object and applies their gradients; a worker
+pulls, computes a real gradient, pads to its emulated speed and link, and
+pushes. Time is wall-clock time since the actors were ready.
+
+Local by default: with no ``backend.address`` an embedded Ray instance is
+started on 127.0.0.1 only, without a dashboard, and shut down at the end.
+
+Shared with the sim backend (kept in step by hand; a common module would
+hold them): the GDTopK density rule (``_density``), the codec set-up, the
+GSSP split/regroup bookkeeping and the summary extras.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shoal.backends import checkpoint
+from shoal.backends.ray_actors import GroupServer, Link, Worker
+from shoal.cluster.grouping import choose_groups
+from shoal.compress import GDTopKSchedule
+from shoal.config import BackendConfig, Config, ConfigError
+from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
+from shoal.engine.setup import RunSetup
+from shoal.sync import SyncPolicy, make_policy
+from shoal.sync.gssp import GSSP, Move
+from shoal.sync.policies import SSP
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+#: keeps an embedded Ray on loopback, without usage reporting or token files (DESIGN.md)
+LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+#: no idle worker processes started ahead (each costs a Python start on a small machine); messages up to
+#: 1 MiB (LeNet-5's parameters) travel inside the actor call instead of through shared memory, which cut
+#: transfer + RPC time per BSP round from ~40 to ~25 ms here (benchmarks/results/runtime_overhead.md)
+LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "enable_worker_prestart": False,
+                       "max_direct_call_object_size": 1 << 20}
+TICK_S = 0.05  # driver loop period: stop checks, failure detection
+DRAIN_S = 0.2  # how often each actor's records are collected
+STARTUP_TIMEOUT_S = 300.0
+
+
+class ActorPool:
+    """Idle actors kept for the next run in the same Ray session (opt-in: tests, benchmarks, sweeps).
+
+    Starting an actor costs a process and a torch import (seconds on a small
+    machine); a kept actor is re-initialised instead. Actors hold their CPU
+    reservation while kept, so this is off unless ``enabled``; ``clear()``
+    kills them. Only used with a Ray session the backend did not start.
+    """
+
+    enabled = False
+    _idle: dict[tuple[Any, ...], list[Any]] = {}
+    _job: str | None = None
+
+    @classmethod
+    def take(cls, key: tuple[Any, ...]) -> Any | None:
+        if not cls.enabled or not cls._same_session():
+            return None
+        idle = cls._idle.get(key, [])
+        return idle.pop() if idle else None
+
+    @classmethod
+    def give(cls, key: tuple[Any, ...], handle: Any) -> None:
+        cls._same_session()
+        cls._idle.setdefault(key, []).append(handle)
+
+    @classmethod
+    def clear(cls) -> None:
+        import ray
+
+        for handles in cls._idle.values():
+            for handle in handles:
+                try:
+                    ray.kill(handle, no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        cls._idle.clear()
+
+    @classmethod
+    def _same_session(cls) -> bool:
+        import ray
+
+        job = ray.get_runtime_context().get_job_id()
+        if job != cls._job:
+            cls._idle.clear()
+            cls._job = job
+            return False
+        return True
+
+
+# -- validation and the Ray session ---------------------------------------------------------
+
+
+def validate(cfg: Config) -> None:
+    """Reject what the ray backend does not run, before anything is written."""
+    if cfg.backend.mode != "train":
+        raise ConfigError("backend.mode: cost mode is simulator-only; use backend.name = \"sim\"")
+    similarity = getattr(cfg.compression, "similarity", None)
+    if similarity is not None and getattr(similarity, "enabled", False):
+        raise ConfigError("compression.similarity.enabled: SIM is not available on the ray backend yet; use --backend sim")
+    network = getattr(cfg, "network", None)
+    if network is not None and getattr(network, "aggregation", "server") != "server":
+        raise ConfigError("network.aggregation: in-network aggregation is not available on the ray backend yet; use --backend sim")
+    address = cfg.backend.address
+    if address and address.startswith("ray://"):
+        try:
+            import grpc  # noqa: F401  (Ray client needs it)
+        except ImportError:
+            raise ConfigError(f"backend.address {address!r}: Ray client needs grpcio; pip install 'ray[client]'") from None
+
+
+def check_resume(cfg: Config, run_dir: Path) -> None:
+    """Fail early (exit 2) if ``run_dir`` holds no usable checkpoint for this config."""
+    if cfg.backend.name != "ray":
+        raise ConfigError("--resume: checkpoints are written by the ray backend only; add --backend ray")
+    _, state = checkpoint.latest(run_dir / "checkpoint")
+    if state.get("scheme") != cfg.sync.scheme or state.get("workers") != cfg.cluster.workers:
+        raise ConfigError(
+            f"--resume {run_dir}: checkpoint is {state.get('scheme')} with {state.get('workers')} workers, "
+            f"config asks {cfg.sync.scheme} with {cfg.cluster.workers}"
+        )
+
+
+def start_local_ray(num_cpus: int) -> None:
+    """An embedded Ray instance bound to 127.0.0.1, without dashboard, usage stats or idle workers."""
+    import ray
+    from ray._private import ray_constants
+
+    os.environ.update(LOCAL_ENV)  # Ray's own processes read these when they start
+    os.environ.pop("RAY_ADDRESS", None)
+    # Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when it is first imported; if that happened
+    # before this call, every Ray server would bind to all interfaces (the loopback test catches it).
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    ray.init(
+        address="local", _node_ip_address="127.0.0.1", include_dashboard=False, dashboard_host="127.0.0.1",
+        num_cpus=num_cpus, log_to_driver=False, configure_logging=False,
+        _system_config=LOCAL_SYSTEM_CONFIG,
+    )
+
+
+def _join_cluster(address: str) -> None:
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    try:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"backend.address {address!r}: cannot join the Ray cluster: {first}") from None
+
+
+@contextmanager
+def ray_session(backend: BackendConfig, cpus_needed: float) -> Iterator[str]:
+    """Use a Ray already initialised in this process, else start (local) or join one; undo at exit."""
+    import ray
+
+    if ray.is_initialized():
+        yield "existing"
+        return
+    if backend.address:
+        _join_cluster(backend.address)
+        where = backend.address
+    else:
+        cpus = backend.local_cpus or os.cpu_count() or 1
+        start_local_ray(max(cpus, math.ceil(cpus_needed)))
+        where = "local"
+    try:
+        yield where
+    finally:
+        ray.shutdown()
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends a run like Ctrl-C (summary written, Ray shut down); main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# -- the backend --------------------------------------------------------------------------
+
+
+class RayBackend:
+    """Runs one configured training on Ray actors until a stopping rule fires (or Ctrl-C)."""
+
+    def __init__(self, setup: RunSetup, recorder: RunRecorder, progress: ProgressFn | None = None,
+                 out: Path | None = None, resume: Path | None = None) -> None:
+        validate(setup.cfg)
+        self.setup, self.cfg, self.recorder, self.progress = setup, setup.cfg, recorder, progress
+        self.out, self.resume = out, resume
+        self.profile = setup.profile
+        self.n = self.profile.workers
+        self.speeds = list(self.profile.speeds)
+        self.stats = [WorkerStats(id=w, group=0, speed=self.speeds[w]) for w in range(self.n)]
+        s = self.cfg.sync
+        self.gssp = GSSP(
+            self.n, s.staleness, s.exchange_every, groups=s.groups, threshold=s.group_threshold,
+            max_groups=s.max_groups, profile_iterations=s.profile_iterations, profile_window=s.profile_window,
+            regroup=s.regroup, regroup_margin=s.regroup_margin, regroup_patience=s.regroup_patience,
+        ) if s.scheme == "gssp" else None
+        gd = self.cfg.compression.gdtopk
+        self.schedule = GDTopKSchedule(gd.initial_density, gd.warmup_epochs, gd.final_density_fast, gd.final_density_slow)
+        self.servers: list[Any] = []
+        self.spares: list[Any] = []
+        self.workers: dict[int, Any] = {}
+        self.pids: dict[int, int] = {}
+        self.devices: dict[int, str] = {}
+        self.alive: set[int] = set()
+        self.dead: set[int] = set()
+        self.restarts = [0] * self.n
+        self.failures: list[dict[str, Any]] = []
+        self.epoch = 0
+        self.offset = 0.0
+        self.t0 = 0.0
+        self.stop_reason: str | None = None
+        self.started = False
+        self.where = "local"
+        self.lr = self.cfg.optimizer.lr
+        self.ckpt_seq = 0
+        self.last_checkpoint: str | None = None
+        self._run_refs: dict[Any, int] = {}
+        self._drains: dict[int, Any] = {}
+        self._server_drains: dict[int, Any] = {}
+        self._starting: dict[Any, int] = {}
+        self._server_totals: dict[int, dict[str, Any]] = {}
+        self._regroup_mark = 0
+        self._recent: deque[tuple[float, int]] = deque()
+        self._keys: dict[Any, tuple[Any, ...]] = {}
+        self._speed_changes = sorted(self.cfg.cluster.speed_changes, key=lambda c: c.at_s)
+
+    # -- time ------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Seconds of training: wall time since the actors were ready, plus time before a resume."""
+        return time.time() - self.t0
+
+    # -- construction ----------------------------------------------------------------
+
+    def _cpus_needed(self) -> float:
+        b = self.cfg.backend
+        return self.n * b.cpus_per_worker + (1 + self._predicted_spares()) * b.cpus_per_server
+
+    def _predicted_spares(self) -> int:
+        """Extra GSSP group servers to start early, so the split does not wait for processes to start."""
+        if self.gssp is None:
+            return 0
+        s = self.cfg.sync
+        if isinstance(s.groups, int):
+            return min(s.groups, self.n) - 1
+        if not self.cfg.cluster.emulate:
+            return 0
+        times = [self.profile.compute_s * speed for speed in self.speeds]
+        return len(choose_groups(times, s.groups, s.group_threshold, s.max_groups)) - 1
+
+    def _server_actor(self, index: int) -> Any:
+        c, b = self.cfg.cluster, self.cfg.backend
+        peer_link = Link(c.latency_ms / 1e3, c.server_gbps * 1e9, c.emulate)
+        args = (index, self.cfg.optimizer, 1.0 / self.n, self.cfg.sync.exchange_every, peer_link, b.torch_threads)
+        return self._actor(GroupServer, {"num_cpus": b.cpus_per_server, "max_concurrency": 10_000}, args)
+
+    def _worker_actor(self, w: int) -> Any:
+        b = self.cfg.backend
+        x, y = self._shards[w]
+        args = (w, self.cfg, x, y, self.setup.dataset.num_classes, self.speeds[w], self.profile.compute_s,
+                self.setup.download_bytes, self._density(w))
+        options = {"num_cpus": b.cpus_per_worker, "num_gpus": b.gpus_per_worker, "max_concurrency": 1000}
+        return self._actor(Worker, options, args)
+
+    def _actor(self, cls: type, options: dict[str, Any], args: tuple[Any, ...]) -> Any:
+        """A new actor, or a kept one re-initialised (ActorPool)."""
+        import ray
+
+        key = (cls.__name__, *sorted(options.items()))
+        handle = ActorPool.take(key) if self.where == "existing" else None
+        if handle is not None:  # waited for: an async actor may run later calls before an earlier one
+            ray.get(handle.reinit.remote(*args))
+        else:
+            handle = ray.remote(cls).options(**options).remote(*args)
+        self._keys[handle._actor_id] = key
+        return handle
+
+    def _put_shards(self) -> None:
+        import ray
+
+        ds = self.setup.dataset
+        self._shards = []
+        for stream in self.setup.streams:
+            idx = torch.as_tensor(stream.shard)
+            self._shards.append((ray.put(ds.x_train[idx].numpy()), ray.put(ds.y_train[idx].numpy())))
+
+    def _check_resources(self) -> None:
+        import ray
+
+        total = ray.cluster_resources()
+        gpus = self.cfg.backend.gpus_per_worker * self.n
+        if gpus > 0 and total.get("GPU", 0.0) < gpus:
+            raise ConfigError(f"backend.gpus_per_worker: {self.n} workers need {gpus:g} GPUs, "
+                              f"the Ray cluster has {total.get('GPU', 0.0):g}")
+        cpus = self._cpus_needed()
+        if not self.cfg.backend.address and total.get("CPU", 0.0) < cpus - 1e-9:  # a joined cluster may autoscale
+            raise ConfigError(f"backend.cpus_per_worker / cpus_per_server: the actors request {cpus:g} CPUs, "
+                              f"this Ray instance has {total.get('CPU', 0.0):g}; request fractions of a CPU")
+
+    def _start(self) -> None:
+        """Create the actors (from the initial state or a checkpoint) and wait until all are ready."""
+        import ray
+
+        self._check_resources()
+        self._put_shards()
+        resumed = self._load_resume() if self.resume is not None else None
+        policies = self._initial_policies(resumed)
+        self.servers = [self._server_actor(i) for i in range(len(policies))]
+        if self.gssp is not None and not self.gssp.grouped:
+            self.spares = [self._server_actor(i + 1) for i in range(self._predicted_spares())]
+        for w in range(self.n):
+            self.workers[w] = self._worker_actor(w)
+        self._install_servers(policies, resumed)
+        pings = {self.workers[w].ping.remote(): w for w in range(self.n)}
+        pings |= {s.ping.remote(): -1 for s in self.servers + self.spares}
+        ready, pending = ray.wait(list(pings), num_returns=len(pings), timeout=STARTUP_TIMEOUT_S)
+        if pending:
+            raise RuntimeError(f"{len(pending)} Ray actors were not placed within {STARTUP_TIMEOUT_S:.0f} s "
+                               f"(resources: {ray.available_resources()})")
+        for ref in ready:
+            if pings[ref] >= 0:
+                info = ray.get(ref)
+                self.pids[pings[ref]], self.devices[pings[ref]] = info["pid"], info["device"]
+        self.t0 = time.time() - self.offset
+        ray.get([s.set_peers.remote(self.servers, self.t0) for s in self.servers])
+        for w in range(self.n):
+            self._launch(w)
+        self.started = True
+
+    def _initial_policies(self, resumed: dict[str, Any] | None) -> list[SyncPolicy]:
+        if self.gssp is not None:
+            return [self._live_policy(members) for members in self.gssp.groups]
+        return [make_policy(self.cfg.sync.scheme, range(self.n), self.cfg.sync.staleness)]
+
+    def _live_policy(self, members: list[int]) -> SSP:
+        """The SSP policy a group server runs: its members that are still alive."""
+        policy = SSP(members or [0], self.cfg.sync.staleness)
+        for w in list(policy.clocks):
+            if w not in members or w in self.dead:
+                policy.remove(w)
+        return policy
+
+    def _install_servers(self, policies: list[SyncPolicy], resumed: dict[str, Any] | None) -> None:
+        import ray
+
+        track_own = self.gssp is not None
+        if resumed is None:
+            params, buffers = self.setup.engine.initial_state()
+            ray.get(self.servers[0].install.remote(policies[0], params.numpy(), buffers.numpy(), track_own, self.epoch))
+            return
+        folder = str(resumed["folder"])
+        ray.get([s.restore.remote(policies[g], folder, f"group-{g}", self.epoch) for g, s in enumerate(self.servers)])
+
+    def _launch(self, w: int) -> None:
+        """Start ``w``'s loop on its current route."""
+        self.alive.add(w)
+        server = self.server_of(w)
+        self._run_refs[self.workers[w].run.remote(self.t0, self.epoch, server, self.servers[server])] = w
+
+    def server_of(self, worker: int) -> int:
+        return self.gssp.server_of[worker] if self.gssp is not None else 0
+
+    def _density(self, worker: int) -> float:
+        """Upload density of ``worker`` now: fixed for topk, scheduled per group for gdtopk (as in sim)."""
+        if self.cfg.compression.method != "gdtopk":
+            return self.cfg.compression.density
+        epoch = self.recorder.iterations * self.cfg.data.batch_size / max(1, self.setup.n_train)
+        times = self.gssp.profiler.times() if self.gssp is not None and self.gssp.grouped else []
+        if not times or min(times) <= 0:
+            return self.schedule.density(epoch, 1.0, 1.0, 1.0)
+        members = self.gssp.groups[self.gssp.server_of[worker]] or [worker]
+        group_time = float(sorted(times[m] for m in members)[len(members) // 2])
+        return self.schedule.density(epoch, group_time, min(times), max(times))
+
+    # -- the driver loop -----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        import ray
+
+        period, next_eval = self.cfg.run.eval_every_s, self.offset
+        next_drain, next_ckpt = 0.0, self.offset + self._ckpt_period()
+        while True:
+            now = self.now()
+            if now >= next_eval:
+                self._evaluate()
+                next_eval = max(next_eval + period, self.now() - period / 2)
+            if self.stop_reason is not None:
+                return
+            if now >= self.cfg.run.max_time_s:
+                self.stop_reason = "time_budget"
+                return
+            budget = self.cfg.run.max_iterations
+            if budget and self.recorder.iterations >= budget:
+                self.stop_reason = "iteration_budget"
+                return
+            if now >= next_ckpt:
+                self._checkpoint()
+                next_ckpt = self.now() + self._ckpt_period()
+            self._apply_speed_changes(now)
+            ready, _ = ray.wait(list(self._run_refs), num_returns=1, timeout=TICK_S) if self._run_refs else ([], [])
+            if not self._run_refs:
+                time.sleep(TICK_S)
+            for ref in ready:
+                self._worker_ended(ref)
+            self._collect_started()
+            if self.now() >= next_drain:
+                self._drain()
+                next_drain = self.now() + (TICK_S if self.cfg.run.max_iterations else DRAIN_S)
+            self._tick_progress()
+
+    def _ckpt_period(self) -> float:
+        every = self.cfg.backend.checkpoint_every_s
+        return every if every > 0 and self.out is not None else math.inf
+
+    def _apply_speed_changes(self, now: float) -> None:
+        while self._speed_changes and self._speed_changes[0].at_s <= now:
+            change = self._speed_changes.pop(0)
+            self.speeds[change.worker] = change.speed
+            if change.worker in self.alive:
+                self.workers[change.worker].set_speed.remote(change.speed)
+            self.recorder.event("speed_change", t=now, worker=change.worker, speed=change.speed)
+
+    def _drain(self, wait_s: float = 0.0) -> None:
+        """Collect iteration records (workers) and exchange events (servers); issue the next requests."""
+        import ray
+
+        for w in self.alive:
+            if w not in self._drains:
+                self._drains[w] = self.workers[w].drain.remote(self._density(w))
+        for i, server in enumerate(self.servers):
+            if i not in self._server_drains:
+                self._server_drains[i] = server.drain.remote()
+        refs = list(self._drains.values()) + list(self._server_drains.values())
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=wait_s)[0]) if refs else set()
+        for w, ref in list(self._drains.items()):
+            if ref in ready:
+                del self._drains[w]
+                try:
+                    records = ray.get(ref)
+                except ray.exceptions.RayError:
+                    continue  # the worker died; its run reference reports it
+                for record in records:
+                    self._record(record)
+        for i, ref in list(self._server_drains.items()):
+            if ref in ready:
+                del self._server_drains[i]
+                totals = ray.get(ref)
+                for event in totals.pop("events"):
+                    kind = event.pop("event")
+                    event["t"] = round(event["t"], 6)
+                    self.recorder.event(kind, **event)
+                self._server_totals[i] = totals
+        self._after_records()
+
+    def _record(self, r: dict[str, Any]) -> None:
+        w = r["worker"]
+        stats = self.stats[w]
+        stats.iterations += 1
+        stats.wait_s += r["wait_s"]
+        stats.compute_s += r["compute_s"]
+        stats.comm_s += r["comm_s"]
+        self.recorder.bytes_up += r["bytes_up"]
+        self.recorder.bytes_down += self.setup.download_bytes
+        self.recorder.iteration(
+            t=r["t"], worker=w, group=stats.group, clock=r["clock"], staleness=r["staleness"],
+            compute_s=r["compute_s"], wait_s=r["wait_s"], comm_s=r["comm_s"], loss=r["loss"],
+            compute_real_s=r["compute_real_s"],
+        )
+        self._recent.append((r["t"], stats.group))
+        if self.gssp is not None:
+            self.gssp.observe(w, r["compute_s"] + r["comm_s"])
+
+    def _after_records(self) -> None:
+        """GSSP decisions on what was observed; lr decay."""
+        if self.gssp is not None:
+            self._pad_profile_of_dead()
+            if (groups := self.gssp.initial_split()) is not None:
+                self._split(groups)
+            elif self.recorder.iterations // self.n > self._regroup_mark:
+                self._regroup_mark = self.recorder.iterations // self.n
+                if moves := self.gssp.check_regroup():
+                    self._regroup(moves)
+        lr_at = getattr(self.cfg.optimizer, "lr_at", None)
+        if lr_at is not None:
+            lr = lr_at(self.recorder.iterations * self.cfg.data.batch_size / max(1, self.setup.n_train))
+            if lr != self.lr:
+                self.lr = lr
+                for server in self.servers:
+                    server.set_lr.remote(lr)
+                self.recorder.event("lr", t=self.now(), lr=lr)
+
+    # -- GSSP membership -------------------------------------------------------------------
+
+    def _split(self, groups: list[list[int]]) -> None:
+        """One server per group: group 0 keeps server 0 (fresh optimizer), the others start from its copy."""
+        import ray
+
+        self.epoch += 1
+        policies = [self._live_policy(members) for members in groups]
+        params, buffers = ray.get(self.servers[0].split.remote(policies[0], self.epoch))
+        p_ref, b_ref = ray.put(params), ray.put(buffers)
+        while len(self.spares) < len(groups) - 1:
+            self.spares.append(self._server_actor(len(self.spares) + 1))
+        new, surplus = self.spares[: len(groups) - 1], self.spares[len(groups) - 1 :]
+        ray.get([s.install.remote(policies[g + 1], p_ref, b_ref, True, self.epoch) for g, s in enumerate(new)])
+        for spare in surplus:
+            ray.kill(spare)
+        self.spares = []
+        self.servers = [self.servers[0], *new]
+        ray.get([s.set_peers.remote(self.servers, self.t0) for s in self.servers])
+        for g, members in enumerate(groups):
+            for w in members:
+                self.stats[w].group = g
+                if w in self.alive:
+                    self.workers[w].set_route.remote(self.epoch, g, self.servers[g])
+        self.recorder.event("groups", t=self.now(), groups=groups, reason="profiled",
+                            times=[round(t, 6) for t in self.gssp.profiler.times()])
+
+    def _regroup(self, moves: list[Move]) -> None:
+        """Carry out the policy's moves: the new server admits, the old one releases, then the route."""
+        import ray
+
+        self.epoch += 1
+        live = [m for m in moves if m.worker in self.alive]
+        ray.get([self.servers[m.new].add_worker.remote(m.worker, self.epoch) for m in live])
+        ray.get([self.servers[m.old].remove_worker.remote(m.worker, self.epoch) for m in live])
+        for move in moves:
+            self.stats[move.worker].group = move.new
+        for move in live:
+            self.workers[move.worker].set_route.remote(self.epoch, move.new, self.servers[move.new])
+        self.recorder.event("groups", t=self.now(), groups=self.gssp.groups, reason="regroup",
+                            moves=[[m.worker, m.old, m.new] for m in moves])
+
+    def _pad_profile_of_dead(self) -> None:
+        """A worker lost while profiling would keep the split from ever happening: count it as profiled."""
+        gssp = self.gssp
+        if gssp is None or gssp.grouped or not self.dead:
+            return
+        times = [t for w, t in enumerate(gssp.profiler.times()) if gssp.profiler.count[w] and w not in self.dead]
+        for w in self.dead:
+            while gssp.profiler.count[w] < gssp.profiler.warmup:
+                own = gssp.profiler.times()[w] if gssp.profiler.count[w] else 0.0
+                gssp.observe(w, own or (float(np.median(times)) if times else self.profile.compute_s))
+
+    # -- failures ------------------------------------------------------------------------
+
+    def _worker_ended(self, ref: Any) -> None:
+        """A worker's loop returned: a failure unless the run is stopping."""
+        import ray
+
+        w = self._run_refs.pop(ref)
+        try:
+            ray.get(ref)
+            error = "worker loop ended"
+        except ray.exceptions.RayError as err:
+            error = _first_line(err)
+        if self.stop_reason is None:
+            self._fail(w, error)
+
+    def _fail(self, w: int, error: str) -> None:
+        """Remove a failed worker from its server's gating (nobody waits for it), then restart or drop it."""
+        import ray
+
+        self.alive.discard(w)
+        self._drains.pop(w, None)
+        restart = self.restarts[w] < self.cfg.backend.max_restarts
+        self.failures.append({"t": round(self.now(), 6), "worker": w, "error": error, "restarted": restart})
+        self.recorder.event("worker_failed", t=self.now(), worker=w, error=error, restarted=restart)
+        self.epoch += 1
+        ray.get(self.servers[self.server_of(w)].remove_worker.remote(w, self.epoch))
+        ray.kill(self.workers[w], no_restart=True)
+        if not restart:
+            self.dead.add(w)
+            return
+        self.restarts[w] += 1
+        self.workers[w] = self._worker_actor(w)
+        self._starting[self.workers[w].ping.remote()] = w
+
+    def _collect_started(self) -> None:
+        """Restarted workers that are ready rejoin their group's server (at its slowest clock)."""
+        import ray
+
+        if not self._starting:
+            return
+        ready, _ = ray.wait(list(self._starting), num_returns=len(self._starting), timeout=0)
+        for ref in ready:
+            w = self._starting.pop(ref)
+            self.pids[w] = ray.get(ref)["pid"]
+            self.epoch += 1
+            server = self.server_of(w)
+            ray.get(self.servers[server].add_worker.remote(w, self.epoch))
+            self._launch(w)
+            self.recorder.event("worker_restarted", t=self.now(), worker=w, restarts=self.restarts[w])
+
+    # -- evaluation, progress, checkpoints ----------------------------------------------------
+
+    def model_state(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What is evaluated: the replica, or the mean of the group replicas (GSSP)."""
+        import ray
+
+        states = ray.get([s.state.remote() for s in self.servers])
+        params = [torch.from_numpy(np.array(p)) for p, _ in states]
+        buffers = [torch.from_numpy(np.array(b)) for _, b in states]
+        if len(states) == 1:
+            return params[0], buffers[0]
+        return torch.stack(params).mean(0), torch.stack(buffers).mean(0)
+
+    def _evaluate(self, at: float | None = None) -> None:
+        t = self.now() if at is None else at
+        params, buffers = self.model_state()
+        ds = self.setup.dataset
+        accuracy, loss = self.setup.engine.evaluate(params, buffers, ds.x_test, ds.y_test)
+        self.recorder.evaluation(round(t, 6), accuracy, loss, self.cfg.run.target_accuracy)
+        if self.recorder.time_to_target_s is not None and self.cfg.run.stop_at_target:  # also: reached before a resume
+            self.stop_reason = "target_reached"
+        if self.cfg.compression.method != "none" and self.gssp is not None:
+            densities = [self._density(members[0]) if members else None for members in self._groups()]
+            self.recorder.event("densities", t=round(t, 6), densities=densities)
+        self._tick_progress(force=True)
+
+    def group_rates(self, window_s: float = 2.0) -> list[float]:
+        """Iterations per second of each group over the last ``window_s`` seconds of records."""
+        newest = self._recent[-1][0] if self._recent else 0.0
+        while self._recent and self._recent[0][0] < newest - window_s:
+            self._recent.popleft()
+        counts = [0] * max(1, len(self.servers))
+        for _, group in self._recent:
+            if group < len(counts):
+                counts[group] += 1
+        return [round(c / window_s, 1) for c in counts]
+
+    def _tick_progress(self, force: bool = False) -> None:
+        if self.progress is None:
+            return
+        now = self.now()
+        if not force and now - getattr(self, "_last_tick", -1.0) < 0.5:
+            return
+        self._last_tick = now
+        self.progress({"t": now, "iterations": self.recorder.iterations, "accuracy": self.recorder.final_accuracy,
+                       "rates": self.group_rates(), "failures": len(self.failures)})
+
+    def _checkpoint(self) -> None:
+        """Every group server saves its replica and optimizer; then the run state commits the set."""
+        import ray
+
+        if self.out is None:
+            return
+        root = self.out / "checkpoint"
+        self.ckpt_seq += 1
+        folder = checkpoint.new_folder(root, self.ckpt_seq)
+        ray.get([s.save.remote(str(folder)) for s in self.servers])
+        checkpoint.commit(root, folder, self._run_state())
+        self.last_checkpoint = str(folder)
+        self.recorder.event("checkpoint", t=round(self.now(), 6), path=str(folder))
+
+    def _run_state(self) -> dict[str, Any]:
+        r = self.recorder
+        return {
+            "scheme": self.cfg.sync.scheme, "workers": self.n, "elapsed_s": getattr(self, "elapsed", None) or self.now(),
+            "iterations": r.iterations,
+            "bytes_up": r.bytes_up, "bytes_down": r.bytes_down, "best_accuracy": r.best_accuracy,
+            "time_to_target_s": r.time_to_target_s, "last_eval": r.evals[-1] if r.evals else None,
+            "stats": [asdict(s) for s in self.stats], "groups": self._groups(),
+            "grouped": bool(self.gssp and self.gssp.grouped),
+            "profile_times": self.gssp.profiler.times() if self.gssp else None,
+            "failures": self.failures, "restarts": self.restarts, "servers": len(self.servers),
+        }
+
+    def _load_resume(self) -> dict[str, Any]:
+        """Restore the run state of the last checkpoint; the replicas load in the servers."""
+        assert self.resume is not None
+        folder, state = checkpoint.latest(self.resume / "checkpoint")
+        r = self.recorder
+        r.iterations, r.bytes_up, r.bytes_down = state["iterations"], state["bytes_up"], state["bytes_down"]
+        r.best_accuracy, r.time_to_target_s = state["best_accuracy"], state["time_to_target_s"]
+        if state["last_eval"] is not None:
+            r.evals.append(state["last_eval"])
+        self.stats = [WorkerStats(**s) for s in state["stats"]]
+        self.failures = list(state["failures"])
+        self.offset = float(state["elapsed_s"])
+        self.ckpt_seq = int(folder.name.rpartition("-")[2])  # numbering goes on, so newer sorts later
+        if self.gssp is not None and state["grouped"]:
+            self._restore_groups(state["groups"], state["profile_times"])
+        self.recorder.event("resume", t=round(self.offset, 6), checkpoint=str(folder))
+        return {"folder": folder, **state}
+
+    def _restore_groups(self, groups: list[list[int]], times: list[float]) -> None:
+        """Put the GSSP policy back into its grouped state (profile and groups of the checkpoint)."""
+        gssp = self.gssp
+        assert gssp is not None
+        for w, seconds in enumerate(times):
+            for _ in range(gssp.profiler.warmup):
+                gssp.observe(w, seconds)
+        gssp._install(groups)  # GSSP has no public restore yet; _install is its own set-up step
+        gssp.grouped = True
+
+    # -- run ----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Train until a stopping rule fires (or Ctrl-C / SIGTERM); return the summary record."""
+        wall_start = time.perf_counter()
+        with ray_session(self.cfg.backend, self._cpus_needed()) as where, _sigterm_as_interrupt():
+            self.where = where
+            try:
+                self._start()
+                self.recorder.event("start", t=round(self.offset, 6), scheme=self.cfg.sync.scheme, speeds=self.speeds,
+                                    backend="ray", pids=self.pids, devices=self.devices)
+                self.recorder.event("groups", t=round(self.offset, 6), groups=self._groups(), reason="start")
+                self._loop()
+            except KeyboardInterrupt:
+                self.stop_reason = "interrupted"
+            try:
+                self._finish()
+            except KeyboardInterrupt:
+                self.stop_reason = "interrupted"
+            finally:
+                self._kill_all()
+        return self._summary(time.perf_counter() - wall_start)
+
+    def _finish(self) -> None:
+        """Stop servers then workers, collect the last records, evaluate and checkpoint the final state.
+
+        Each step is skipped if the actors are gone (a Ctrl-C in a terminal also reaches Ray's processes),
+        so a summary of what was recorded is always written.
+        """
+        import ray
+
+        if not self.started:
+            return
+        self.elapsed = self.now()
+        self.stop_reason = self.stop_reason or "interrupted"
+        steps = (self._stop_actors, lambda: self._drain(wait_s=5.0), self._final_evaluation, self._final_checkpoint)
+        for step in steps:
+            try:
+                step()
+            except (ray.exceptions.RayError, ConnectionError) as err:
+                self.recorder.event("shutdown_error", t=round(self.now(), 6), error=_first_line(err))
+        self.recorder.event("end", t=round(self.elapsed, 6), reason=self.stop_reason)
+
+    def _stop_actors(self) -> None:
+        import ray
+
+        ray.get([s.stop.remote() for s in self.servers], timeout=30)
+        for w in self.alive:
+            self.workers[w].stop.remote()
+        done, _ = ray.wait(list(self._run_refs), num_returns=len(self._run_refs), timeout=10)
+        for ref in done:
+            self._run_refs.pop(ref)
+
+    def _final_evaluation(self) -> None:
+        """Always: servers may have applied updates between the last evaluation and the stop."""
+        self._evaluate(at=self.elapsed)
+
+    def _final_checkpoint(self) -> None:
+        if self._ckpt_period() < math.inf:
+            self._checkpoint()
+
+    def _kill_all(self) -> None:
+        """End every actor of this run, or keep the healthy ones for the next run (ActorPool)."""
+        import ray
+
+        running = set(self._run_refs.values())
+        reusable = {h._actor_id for w, h in self.workers.items() if w in self.alive and w not in running}
+        reusable |= {h._actor_id for h in [*self.servers, *self.spares]}
+        pooling = ActorPool.enabled and self.where == "existing" and self.started
+        for handle in [*self.workers.values(), *self.servers, *self.spares]:
+            if pooling and handle._actor_id in reusable:
+                ActorPool.give(self._keys[handle._actor_id], handle)
+                continue
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+    def _summary(self, wall_s: float) -> dict[str, Any]:
+        totals = [self._server_totals.get(i, {}) for i in range(len(self.servers))]
+        elapsed = getattr(self, "elapsed", self.offset)
+        return build_summary(
+            recorder=self.recorder, scheme=self.cfg.sync.scheme, backend="ray", mode=self.cfg.backend.mode,
+            target_accuracy=self.cfg.run.target_accuracy, elapsed_s=round(elapsed, 3), wall_s=round(wall_s, 3),
+            stop_reason=self.stop_reason or "interrupted", groups=self._groups(), workers=self.stats,
+            extra={
+                "compute_s": self.profile.compute_s,
+                "params": self.setup.engine.num_params,
+                "group_updates": [t.get("updates", 0) for t in totals],
+                "exchanges": sum(t.get("exchanges", 0) for t in totals),
+                "bytes_exchange": int(sum(t.get("bytes_exchange", 0) for t in totals)),
+                "emulate": self.cfg.cluster.emulate,
+                "ray": self.where,
+                "failures": self.failures,
+                "restarts": sum(self.restarts),
+                "checkpoint": self.last_checkpoint,
+                "resumed_from": str(self.resume) if self.resume is not None else None,
+            },
+        )
+
+    def _groups(self) -> list[list[int]]:
+        if self.gssp is not None:
+            return [list(g) for g in self.gssp.groups]
+        return [list(range(self.n))]
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    for line in text.splitlines():
+        if "Error" in line or "error" in line or "died" in line:
+            return line.strip()[:300]
+    return (text.splitlines()[0] if text else type(err).__name__)[:300]

@@ -1,0 +1,491 @@
+"""The processes of the `ray` backend: group servers and workers (plain classes, made Ray actors by ray.py).
+
+Both are asyncio actors. A group server gates its workers with the pure
+sync policy it holds: a worker that may not start yet awaits a future keyed
+by the slowest clock it needs (a heap, as in the simulator), so an SSP gate
+or a BSP barrier costs no polling. A worker runs one loop: pull (gated),
+compute a real gradient on exactly what it pulled, pad to the emulated
+compute and link times, push. Parameters and gradients travel as numpy
+arrays through Ray's object store.
+
+Membership changes (GSSP split or regroup, a failed worker) are decided by
+the driver. A server answers a worker it no longer serves with MOVED and its
+membership epoch; the worker then waits for a route of a newer epoch, which
+the driver sends only after every server has the new membership, so a
+worker never gates on a server that does not know it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shoal.backends import checkpoint
+from shoal.cluster import StragglerModel
+from shoal.compress import GradientCodec, make_compressor
+from shoal.config import Config, OptimizerConfig
+from shoal.data import BatchStream, Dataset
+from shoal.engine.gradients import GradientEngine
+from shoal.engine.replica import Replica
+from shoal.models import build_model
+from shoal.sync import SyncPolicy
+
+STOP, MOVED, OK = "stop", "moved", "ok"
+
+
+def _quiet_readonly_numpy() -> None:
+    # Arrays from the object store are read-only views; they are only ever read here.
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(array))
+
+
+@dataclass(frozen=True)
+class Link:
+    """What a transfer should take when emulated: latency + bytes / bandwidth."""
+
+    latency_s: float
+    bps: float
+    emulate: bool
+
+    def seconds(self, nbytes: float) -> float:
+        return self.latency_s + 8.0 * nbytes / self.bps if self.emulate else 0.0
+
+
+class GroupServer:
+    """One (group) server: replica, sync policy, buffered pushes, gate futures, delta exchange."""
+
+    def __init__(self, index: int, opt: OptimizerConfig, weight: float, exchange_every: int, peer_link: Link,
+                 torch_threads: int = 1) -> None:
+        _quiet_readonly_numpy()
+        torch.set_num_threads(torch_threads)
+        self.index, self.opt, self.weight, self.exchange_every = index, opt, weight, exchange_every
+        self.peer_link, self.t0 = peer_link, 0.0
+        self.policy: SyncPolicy | None = None
+        self.replica: Replica | None = None
+        self.epoch = 0
+        self.version = 0
+        self.updates = 0
+        self.exchanges = 0
+        self.bytes_exchange = 0
+        self.stopping = False
+        self.peers: list[Any] = []
+        self._since_exchange = 0
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+        self._events: list[dict[str, Any]] = []
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Build a throwaway replica: torch's first optimizer costs seconds of lazy imports, paid here, not mid-run."""
+        replica = Replica(torch.zeros(4), torch.zeros(0), self.opt, track_own=True)
+        replica.apply([torch.ones(4)], 1.0)
+
+    # -- set-up and membership (called by the driver) -----------------------------
+
+    def install(self, policy: SyncPolicy, params: np.ndarray, buffers: np.ndarray, track_own: bool, epoch: int) -> None:
+        """Start serving ``policy``'s workers from the given state (fresh optimizer)."""
+        self.replica = Replica(_tensor(params), _tensor(buffers), self.opt, track_own=track_own)
+        self._reset(policy, epoch)
+
+    def restore(self, policy: SyncPolicy, folder: str, name: str, epoch: int) -> dict[str, Any]:
+        """Start serving from a checkpoint (replica and optimizer state)."""
+        self.replica, manifest = checkpoint.load_replica(Path(folder), name, self.opt)
+        self.updates, self.exchanges = int(manifest.get("updates", 0)), int(manifest.get("exchanges", 0))
+        self.bytes_exchange = int(manifest.get("bytes_exchange", 0))
+        self._reset(policy, epoch)
+        return {"version": self.replica.version}
+
+    def split(self, policy: SyncPolicy, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """GSSP: become group 0's server from a copy of this replica; return the state for the other groups."""
+        assert self.replica is not None
+        self.replica = self.replica.clone(self.opt)
+        self._reset(policy, epoch)
+        return self.state()
+
+    def _reset(self, policy: SyncPolicy, epoch: int) -> None:
+        self.policy, self.epoch = policy, epoch
+        self._pending.clear()
+        self._since_exchange = 0
+        self._wake_all()
+
+    def set_peers(self, peers: list[Any], t0: float) -> None:
+        """The group servers (the own entry is skipped when sending) and the run's time origin."""
+        self.peers, self.t0 = peers, t0
+
+    def add_worker(self, worker: int, epoch: int) -> None:
+        assert self.policy is not None
+        if worker not in self.policy.clocks:
+            self.policy.add(worker)
+        self.epoch = epoch
+
+    def remove_worker(self, worker: int, epoch: int) -> None:
+        """Forget ``worker`` (moved or failed); apply any update it was holding back."""
+        assert self.policy is not None
+        self.epoch = epoch
+        if worker in self.policy.clocks:
+            batch = self.policy.remove(worker)
+            self._pending.pop(worker, None)
+            if batch:
+                self._apply(batch)
+        self._wake_all()
+
+    def set_lr(self, lr: float) -> None:
+        assert self.replica is not None
+        for group in self.replica.optimizer.param_groups:
+            group["lr"] = lr
+
+    def stop(self) -> None:
+        """Refuse further work and release every gated worker."""
+        self.stopping = True
+        self._wake_all()
+
+    # -- the worker protocol ---------------------------------------------------------
+
+    async def pull(self, worker: int) -> dict[str, Any]:
+        """Wait at the gate, then hand out the current parameters (or STOP / MOVED)."""
+        start = time.perf_counter()
+        status = await self._gate(worker)
+        waited = time.perf_counter() - start
+        if status != OK:
+            return {"status": status, "epoch": self.epoch, "wait_s": waited}
+        params, buffers = self.state()
+        return {"status": OK, "params": params, "buffers": buffers, "version": self.version, "wait_s": waited}
+
+    async def push(self, worker: int, pulled_version: int | None, grad: np.ndarray, buffer_delta: np.ndarray) -> dict[str, Any]:
+        """Take a gradient; apply what the policy releases; send the own delta when due (GSSP)."""
+        if self.stopping:
+            return {"status": STOP}
+        assert self.policy is not None
+        if worker not in self.policy.clocks:
+            return {"status": MOVED, "epoch": self.epoch}
+        staleness = None if pulled_version is None else self.version - pulled_version
+        self._pending[worker] = (_tensor(grad), _tensor(buffer_delta))
+        batch = self.policy.on_push(worker)
+        if batch:
+            self._apply(batch)
+        clock = self.policy.clocks[worker]
+        self._wake()
+        if batch and self._exchange_due():
+            self._exchange()
+        return {"status": OK, "clock": clock, "staleness": staleness}
+
+    async def _gate(self, worker: int) -> str:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.stopping:
+                return STOP
+            if self.policy is None or worker not in self.policy.clocks:
+                return MOVED
+            threshold = self.policy.start_threshold(worker)
+            if threshold is None or self.policy.min_clock >= threshold:
+                return OK
+            future: asyncio.Future[None] = loop.create_future()
+            heapq.heappush(self._waiters, (threshold, next(self._seq), future))
+            await future
+
+    def _wake(self) -> None:
+        assert self.policy is not None
+        while self._waiters and self._waiters[0][0] <= self.policy.min_clock:
+            future = heapq.heappop(self._waiters)[2]
+            if not future.done():
+                future.set_result(None)
+
+    def _wake_all(self) -> None:
+        """Every gated worker re-checks its gate (membership changed, or stopping)."""
+        while self._waiters:
+            future = heapq.heappop(self._waiters)[2]
+            if not future.done():
+                future.set_result(None)
+
+    def _apply(self, batch: tuple[int, ...]) -> None:
+        assert self.replica is not None
+        pushes = [self._pending.pop(w) for w in batch if w in self._pending]
+        if not pushes:
+            return
+        self.version += 1
+        self.updates += 1
+        self.replica.apply([g for g, _ in pushes], self.weight)
+        self.replica.add_buffer_deltas([b for _, b in pushes], self.weight)
+
+    # -- GSSP exchange ---------------------------------------------------------------
+
+    def _exchange_due(self) -> bool:
+        if len(self.peers) < 2:
+            return False
+        self._since_exchange += 1
+        if self._since_exchange < self.exchange_every:
+            return False
+        self._since_exchange = 0
+        return True
+
+    def _exchange(self) -> None:
+        """Send the own delta to every peer without waiting (fire and forget through the object store)."""
+        import ray
+
+        assert self.replica is not None
+        params, buffers = self.replica.take_own_delta()
+        nbytes = 4 * (params.numel() + buffers.numel())
+        p_ref, b_ref = ray.put(params.numpy()), ray.put(buffers.numpy())
+        peers = [p for i, p in enumerate(self.peers) if i != self.index]
+        for peer in peers:
+            peer.receive_delta.remote(p_ref, b_ref, nbytes)
+        self.exchanges += 1
+        self._events.append({"event": "exchange", "t": round(time.time() - self.t0, 6), "group": self.index,
+                             "bytes": nbytes * len(peers)})
+
+    async def receive_delta(self, params: np.ndarray, buffers: np.ndarray, nbytes: int) -> None:
+        """A peer's own delta: wait out the emulated transfer, then add it (to the replica it was sent to)."""
+        replica = self.replica
+        delay = self.peer_link.seconds(nbytes)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if self.replica is None or self.replica is not replica or self.stopping:
+            return
+        self.replica.receive_delta(_tensor(params), _tensor(buffers))
+        self.version += 1
+        self.bytes_exchange += nbytes
+
+    # -- what the driver reads -------------------------------------------------------
+
+    def state(self) -> tuple[np.ndarray, np.ndarray]:
+        assert self.replica is not None
+        params, buffers = self.replica.snapshot()
+        return params.numpy(), buffers.numpy()
+
+    def drain(self) -> dict[str, Any]:
+        """Events since the last call, and the counters."""
+        events, self._events = self._events, []
+        return {"events": events, "updates": self.updates, "exchanges": self.exchanges,
+                "bytes_exchange": self.bytes_exchange, "version": self.version}
+
+    def save(self, folder: str) -> dict[str, Any]:
+        """Checkpoint the replica and optimizer into ``folder`` (safetensors + JSON manifest)."""
+        assert self.replica is not None
+        meta = {"group": self.index, "updates": self.updates, "exchanges": self.exchanges,
+                "bytes_exchange": self.bytes_exchange}
+        return checkpoint.save_replica(Path(folder), f"group-{self.index}", self.replica, meta)
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def reinit(self, *args: Any) -> None:
+        """Serve a new run from this process (actor reuse: skips process start and torch import)."""
+        self.__init__(*args)  # type: ignore[misc]
+
+
+@dataclass
+class Route:
+    """Which server a worker uses, and under which membership epoch."""
+
+    epoch: int
+    server: int
+    handle: Any
+
+
+class Worker:
+    """One data-parallel worker: its shard, model copy, codec and emulated speed."""
+
+    def __init__(self, worker: int, cfg: Config, x: np.ndarray, y: np.ndarray, num_classes: int, speed: float,
+                 compute_s: float, download_bytes: int, density: float) -> None:
+        _quiet_readonly_numpy()
+        torch.set_num_threads(cfg.backend.torch_threads)
+        torch.manual_seed(cfg.run.seed)
+        self.w, self.cfg, self.speed, self.compute_s = worker, cfg, speed, compute_s
+        self.download_bytes, self.density = download_bytes, density
+        self.device = self._device(cfg.backend.gpus_per_worker)
+        shard = Dataset("shard", torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y)),
+                        torch.empty(0), torch.empty(0, dtype=torch.long), num_classes)
+        model = build_model(cfg.model.name, shard.input_shape, num_classes, hidden=cfg.model.hidden).to(self.device)
+        self.engine = GradientEngine(model)
+        # positions within the shard permute exactly like the sim backend's shard indices
+        self.stream = BatchStream(shard, np.arange(len(y)), cfg.data.batch_size, cfg.run.seed, worker)
+        self.codec = self._codec()
+        self.stragglers = StragglerModel(cfg.cluster.stragglers, cfg.cluster.workers, cfg.run.seed)
+        c = cfg.cluster
+        self.link = Link(c.latency_ms / 1e3, c.link_gbps * 1e9, c.emulate)
+        self.route: Route | None = None
+        self._route_changed = asyncio.Event()
+        self._stopping = False
+        self._fail_next = False
+        self._records: list[dict[str, Any]] = []
+        self._push_estimate = 0.0
+        self.t0 = 0.0
+        self._warm_up(shard)
+
+    def _warm_up(self, shard: Dataset) -> None:
+        """One throwaway gradient: the first backward pass costs lazy initialisation, paid before the clock starts."""
+        params, buffers = self.engine.initial_state()
+        batch = min(len(shard.y_train), self.cfg.data.batch_size)
+        self.engine.gradient(params, buffers, shard.x_train[:batch].to(self.device), shard.y_train[:batch].to(self.device))
+
+    @staticmethod
+    def _device(gpus: float) -> torch.device:
+        return torch.device("cuda") if gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
+
+    def _codec(self) -> GradientCodec | None:
+        method, seed = self.cfg.compression.method, self.cfg.run.seed
+        compressor = make_compressor(method, seed=(seed * 1_000_003 + self.w) % 2**31)
+        if compressor is None:
+            return None
+        # as in the sim backend: error feedback only for biased compressors
+        feedback = self.cfg.compression.error_feedback and not compressor.unbiased
+        return GradientCodec(compressor, self.engine.layout, feedback)
+
+    # -- control (called by the driver) -------------------------------------------------
+
+    def ping(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "device": str(self.device)}
+
+    def reinit(self, *args: Any) -> None:
+        """Serve a new run from this process (its previous loop has ended)."""
+        self.__init__(*args)  # type: ignore[misc]
+
+    def set_route(self, epoch: int, server: int, handle: Any) -> None:
+        if self.route is None or epoch >= self.route.epoch:
+            self.route = Route(epoch, server, handle)
+            self._route_changed.set()
+
+    def set_speed(self, speed: float) -> None:
+        self.speed = speed
+
+    def drain(self, density: float) -> list[dict[str, Any]]:
+        """Iteration records since the last call; takes the upload density to use from now on."""
+        self.density = density
+        records, self._records = self._records, []
+        return records
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._route_changed.set()
+
+    def fail_next(self) -> None:
+        """Fault injection: the next iteration raises (tests and chaos drills)."""
+        self._fail_next = True
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self, t0: float, epoch: int, server: int, handle: Any) -> str:
+        """Iterate until stopped; an exception here is the worker failing.
+
+        The first route comes with the call: an async actor does not run calls in the order they were sent.
+        """
+        self.t0 = t0
+        self.set_route(epoch, server, handle)
+        while not self._stopping:
+            if not await self._iteration():
+                break
+        return STOP
+
+    async def _await_route(self, epoch: int) -> None:
+        """Wait for a route newer than ``epoch`` (the driver sends it after updating the servers)."""
+        while not self._stopping and self.route is not None and self.route.epoch <= epoch:
+            self._route_changed.clear()
+            try:
+                await asyncio.wait_for(self._route_changed.wait(), timeout=5.0)
+            except asyncio.TimeoutError:
+                return  # retry on the current route; a server answers MOVED again if still moved
+
+    async def _pull(self) -> tuple[Route, dict[str, Any], float, float] | None:
+        """Gate + pull on the current route; (route, reply, wait_s, comm_s), None when stopping."""
+        waited = 0.0
+        while not self._stopping:
+            assert self.route is not None
+            route = self.route
+            start = time.perf_counter()
+            reply = await route.handle.pull.remote(self.w)
+            if reply["status"] == STOP:
+                return None
+            if reply["status"] == MOVED:
+                await self._await_route(route.epoch)
+                waited += time.perf_counter() - start
+                continue
+            elapsed = time.perf_counter() - start
+            waited += reply["wait_s"]
+            real = elapsed - reply["wait_s"]
+            pad = self.link.seconds(self.download_bytes) - real
+            if pad > 0:
+                await asyncio.sleep(pad)
+            return route, reply, waited, max(real, 0.0) + max(pad, 0.0)
+        return None
+
+    def _compute(self, reply: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, int, float]:
+        """The real gradient on the pulled parameters, compressed: (grad, buffer delta, bytes, loss)."""
+        if self._fail_next:
+            raise RuntimeError(f"worker {self.w}: injected failure")
+        params = _tensor(reply["params"]).to(self.device)
+        buffers = _tensor(reply["buffers"]).to(self.device)
+        x, y = self.stream.next()
+        grad, buffer_delta, loss = self.engine.gradient(params, buffers, x.to(self.device), y.to(self.device))
+        grad, buffer_delta = grad.cpu(), buffer_delta.cpu()
+        nbytes = 4 * grad.numel()
+        if self.codec is not None:
+            grad, nbytes = self.codec.encode(grad, self.density)
+        nbytes += 4 * buffer_delta.numel()
+        return grad.numpy(), buffer_delta.numpy(), nbytes, loss
+
+    async def _push(self, route: Route, version: int, grad: np.ndarray, delta: np.ndarray,
+                    nbytes: int) -> tuple[dict[str, Any], float, float] | None:
+        """Upload (link-padded), re-sending to the new server if this worker moved; (reply, wait_s, comm_s)."""
+        pad = self.link.seconds(nbytes) - self._push_estimate
+        comm = max(pad, 0.0)
+        if pad > 0:
+            await asyncio.sleep(pad)
+        waited = 0.0
+        pulled_version: int | None = version
+        while not self._stopping:
+            assert self.route is not None
+            target = self.route
+            if target.server != route.server:
+                pulled_version = None  # staleness is only defined on the server it pulled from
+            start = time.perf_counter()
+            reply = await target.handle.push.remote(self.w, pulled_version, grad, delta)
+            elapsed = time.perf_counter() - start
+            if reply["status"] == STOP:
+                return None
+            if reply["status"] == MOVED:
+                await self._await_route(target.epoch)
+                waited += time.perf_counter() - start
+                continue
+            self._push_estimate = 0.8 * self._push_estimate + 0.2 * elapsed
+            return reply, waited, comm + elapsed
+        return None
+
+    async def _iteration(self) -> bool:
+        pulled = await self._pull()
+        if pulled is None:
+            return False
+        route, reply, waited, pull_s = pulled
+        start = time.perf_counter()
+        grad, delta, nbytes, loss = self._compute(reply)
+        real = time.perf_counter() - start
+        compute = real
+        if self.cfg.cluster.emulate:
+            target = self.compute_s * self.speed * self.stragglers.factor(self.w)
+            if target > real:
+                await asyncio.sleep(target - real)
+            compute = max(target, real)
+        pushed = await self._push(route, reply["version"], grad, delta, nbytes)
+        if pushed is None:
+            return False
+        answer, push_wait, push_s = pushed
+        self._records.append({
+            "t": round(time.time() - self.t0, 6), "worker": self.w, "server": self.route.server if self.route else 0,
+            "clock": answer["clock"], "staleness": answer["staleness"], "compute_s": round(compute, 6),
+            "compute_real_s": round(real, 6), "wait_s": round(waited + push_wait, 6),
+            "comm_s": round(pull_s + push_s, 6), "loss": round(loss, 6), "bytes_up": nbytes,
+        })
+        return True

@@ -1,0 +1,378 @@
+"""The ray backend: schemes and compressors on real processes, loopback-only local mode,
+worker failures, checkpoint/resume, and the group server's gating (without Ray).
+
+One local Ray session serves the whole module, and idle actors are kept
+between runs (ActorPool), so most runs here cost a second or two instead of
+starting processes and importing torch again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from shoal.backends import checkpoint  # noqa: E402
+from shoal.backends.ray import ActorPool, RayBackend, start_local_ray  # noqa: E402
+from shoal.backends.ray_actors import GroupServer, Link  # noqa: E402
+from shoal.config import Config, ConfigError, load_config  # noqa: E402
+from shoal.engine.metrics import RunRecorder  # noqa: E402
+from shoal.engine.setup import build_setup  # noqa: E402
+from shoal.runner import train  # noqa: E402
+from shoal.sync import make_policy  # noqa: E402
+
+from conftest import FAST, ROOT, read_jsonl  # noqa: E402
+
+RAY = ["backend.name=ray", "backend.cpus_per_worker=0.25", "backend.cpus_per_server=0.25",
+       "backend.checkpoint_every_s=0", "run.max_time_s=20"]
+CONTRACT = ("scheme", "backend", "final_accuracy", "best_accuracy", "target_accuracy", "time_to_target_s",
+            "elapsed_s", "iterations", "bytes_up", "bytes_down", "groups", "per_worker")
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One embedded Ray for the module (as shoal starts it), with actor reuse between runs."""
+    if ray.is_initialized():
+        ray.shutdown()
+    start_local_ray(2)
+    ActorPool.enabled = True
+    yield
+    ActorPool.clear()
+    ActorPool.enabled = False
+    ray.shutdown()
+
+
+def ray_config(*overrides: str):
+    return load_config(None, FAST + RAY + list(overrides))
+
+
+def run_backend(cfg, progress=None, stream=None):
+    """A RayBackend (for tests that reach into it) and its summary."""
+    holder: dict = {}
+
+    def tick(info):
+        if progress is not None:
+            progress(holder["backend"], info)
+
+    backend = RayBackend(build_setup(cfg), RunRecorder(stream=stream), tick)
+    holder["backend"] = backend
+    return backend, backend.run()
+
+
+# -- sockets of this process tree (Linux /proc) ------------------------------------------
+
+
+def descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = defaultdict(list)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children[ppid].append(int(stat.parent.name))
+    found, todo = set(), [root]
+    while todo:
+        for child in children[todo.pop()]:
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _address(hex_addr: str) -> str:
+    raw = bytes.fromhex(hex_addr)
+    if len(raw) == 4:
+        return ".".join(str(b) for b in raw[::-1])
+    words = [raw[i : i + 4][::-1] for i in range(0, 16, 4)]
+    flat = b"".join(words)
+    if flat[:12] == b"\0" * 10 + b"\xff\xff":
+        return "::ffff:" + ".".join(str(b) for b in flat[12:])
+    return ":".join(flat[i : i + 2].hex() for i in range(0, 16, 2))
+
+
+def bound_sockets(pids: set[int]) -> list[tuple[int, str, str]]:
+    """(pid, protocol, local address) of every listening TCP and bound UDP socket the processes hold."""
+    table: dict[str, tuple[str, str]] = {}
+    for proto in ("tcp", "tcp6", "udp", "udp6"):
+        path = Path(f"/proc/net/{proto}")
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if proto.startswith("tcp") and state != "0A":  # 0A = LISTEN
+                continue
+            table[inode] = (proto, _address(local.split(":")[0]))
+    found = []
+    for pid in pids:
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        for link in links:
+            if link.startswith("socket:[") and link[8:-1] in table:
+                found.append((pid, *table[link[8:-1]]))
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    return address.startswith("127.") or address.startswith("::ffff:127.") or address == "0000:0000:0000:0000:0000:0000:0000:0001"
+
+
+# -- end-to-end on Ray -----------------------------------------------------------------------
+
+
+def test_local_mode_listens_on_loopback_only_and_bsp_trains(ray_session, tmp_path):
+    seen: list[tuple[int, str, str]] = []
+
+    def look(backend, info):
+        if not seen:
+            seen.extend(bound_sockets(descendants(os.getpid()) | {os.getpid()}))
+
+    cfg = ray_config()
+    summary = train(cfg, tmp_path / "r", progress=lambda info: look(None, info))
+    pids = {p for p, _, _ in seen}
+    assert len(pids) >= 3, f"expected gcs, raylet and actors among the listeners, saw {seen}"
+    assert all(is_loopback(addr) for _, _, addr in seen), [s for s in seen if not is_loopback(s[2])]
+    assert summary["backend"] == "ray" and summary["stop_reason"] == "target_reached"
+    assert set(CONTRACT) <= set(summary) and summary["groups"] == [[0, 1, 2, 3]]
+    its = [e for e in read_jsonl(tmp_path / "r" / "metrics.jsonl") if e["event"] == "iteration"]
+    assert its and all(e["staleness"] == 0 for e in its)  # BSP: every gradient on the current round's parameters
+    counts = [w["iterations"] for w in summary["per_worker"]]
+    assert max(counts) - min(counts) <= 1
+    sim = train(load_config(None, FAST), tmp_path / "sim")
+    assert set(sim) - {"compute_s_measured"} <= set(summary)
+
+
+def test_gssp_splits_emulated_tiers_and_exchanges(ray_session):
+    cfg = ray_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.stop_at_target=false", "run.max_time_s=3")
+    backend, summary = run_backend(cfg)
+    assert summary["best_accuracy"] >= 0.85
+    assert summary["groups"] == [[0, 1], [2, 3]]
+    assert summary["exchanges"] > 0 and summary["bytes_exchange"] > 0
+    fast, slow = summary["per_worker"][0], summary["per_worker"][3]
+    assert fast["iterations"] > 1.5 * slow["iterations"]
+    assert slow["compute_s"] / slow["iterations"] == pytest.approx(4 * 0.01, rel=0.3)  # padded to its tier
+
+
+@pytest.mark.parametrize("extra", [
+    ("sync.scheme=asp", "compression.method=qsgd"),
+    ("sync.scheme=ssp", "cluster.speeds=[1, 1, 3, 7]", "compression.method=topk", "compression.density=0.1"),
+    ("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "compression.method=gdtopk"),
+    ("compression.method=fp16",),
+    ("compression.method=randk", "compression.density=0.3"),
+    ("compression.method=dgc", "compression.density=0.1"),
+])
+def test_every_scheme_and_compressor_runs(ray_session, extra):
+    backend, summary = run_backend(ray_config("run.max_time_s=1", "run.target_accuracy=0.99", *extra))
+    assert summary["iterations"] > 8 and summary["final_accuracy"] > 0.2
+    if any("compression.method" in e for e in extra):
+        assert summary["bytes_up"] < summary["iterations"] * 4 * summary["params"]
+
+
+def test_killed_worker_is_dropped_and_training_goes_on(ray_session):
+    """SIGKILL a worker mid-run under BSP: the barrier releases, the failure is recorded, no hang."""
+    killed: dict[str, float] = {}
+
+    def kill(backend, info):
+        if not killed and info["iterations"] >= 20:
+            os.kill(backend.pids[1], signal.SIGKILL)
+            killed["t"] = info["t"]
+
+    signal.alarm(120)  # the bound: a hang fails the test instead of blocking the suite
+    try:
+        stream = io.StringIO()
+        start = time.monotonic()
+        _, summary = run_backend(ray_config("run.target_accuracy=0.99", "run.max_time_s=4"), kill, stream)
+        wall = time.monotonic() - start
+    finally:
+        signal.alarm(0)
+    assert killed and summary["stop_reason"] == "time_budget" and wall < 60
+    assert [f["worker"] for f in summary["failures"]] == [1] and not summary["failures"][0]["restarted"], summary["failures"]
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    failed_at = next(e["t"] for e in events if e["event"] == "worker_failed")
+    after = [e for e in events if e["event"] == "iteration" and e["t"] > failed_at + 0.2]
+    assert {e["worker"] for e in after} == {0, 2, 3}
+    assert len(after) > 12  # the three survivors kept doing BSP rounds without worker 1
+
+
+@pytest.mark.slow
+def test_failed_worker_restarts_from_its_groups_replica(ray_session):
+    injected: dict[str, bool] = {}
+
+    def fail(backend, info):
+        if not injected and info["iterations"] >= 20:
+            backend.workers[2].fail_next.remote()
+            injected["done"] = True
+
+    stream = io.StringIO()
+    cfg = ray_config("sync.scheme=ssp", "backend.max_restarts=1", "run.target_accuracy=0.99", "run.max_time_s=15")
+    _, summary = run_backend(cfg, fail, stream)
+    assert summary["restarts"] == 1 and summary["failures"][0]["restarted"]
+    assert "injected failure" in summary["failures"][0]["error"]
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    back_at = next(e["t"] for e in events if e["event"] == "worker_restarted")
+    assert any(e["event"] == "iteration" and e["worker"] == 2 and e["t"] > back_at for e in events)
+
+
+def test_checkpoint_stop_resume_reaches_target(ray_session, tmp_path):
+    out = tmp_path / "run"
+    slow = ("optimizer.lr=0.02", "run.target_accuracy=0.85")
+    first = train(ray_config(*slow, "run.max_time_s=0.6", "backend.checkpoint_every_s=0.2"), out)
+    assert first["stop_reason"] == "time_budget" and first["time_to_target_s"] is None
+    folder, state = checkpoint.latest(out / "checkpoint")
+    manifest = json.loads((folder / "group-0.json").read_text())
+    assert manifest["format"] == checkpoint.FORMAT and (folder / "group-0.safetensors").is_file()
+    assert state["iterations"] == first["iterations"]
+
+    resumed = train(ray_config(*slow, "run.max_time_s=30", "backend.checkpoint_every_s=0.2"), out, resume=out)
+    assert resumed["stop_reason"] == "target_reached" and resumed["resumed_from"] == str(out)
+    assert resumed["iterations"] > first["iterations"] and resumed["elapsed_s"] > first["elapsed_s"]
+    assert Path(resumed["checkpoint"]).name > Path(first["checkpoint"]).name  # numbering goes on
+    events = read_jsonl(out / "metrics.jsonl")
+    at = next(i for i, e in enumerate(events) if e["event"] == "resume")
+    before = [e for e in events[:at] if e["event"] == "eval"][-1]
+    after = next(e for e in events[at:] if e["event"] == "eval")
+    assert after["accuracy"] >= before["accuracy"]
+
+
+def test_resume_refuses_a_folder_without_checkpoint(tmp_path):
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        train(ray_config(), tmp_path / "r", resume=tmp_path)
+    with pytest.raises(ConfigError, match="ray backend only"):
+        train(load_config(None, FAST), tmp_path / "r", resume=tmp_path)
+
+
+def test_ray_rejects_what_it_does_not_run(tmp_path):
+    with pytest.raises(ConfigError, match="compression.similarity"):
+        train(ray_config("compression.similarity.enabled=true"), tmp_path / "r")
+    with pytest.raises(ConfigError, match="cost mode"):
+        train(ray_config("backend.mode=cost"), tmp_path / "r")
+    if "network" in Config.model_fields:  # in-network aggregation (GRID in training) is sim-only for now
+        with pytest.raises(ConfigError, match="network.aggregation"):
+            train(ray_config("network.aggregation=\"ina\""), tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+# -- the group server's gating, driven directly (no Ray) -----------------------------------------
+
+
+def _server(scheme: str, workers: int, lr: float = 0.1) -> tuple[GroupServer, torch.Tensor]:
+    opt = load_config(None, [f"optimizer.lr={lr}", "optimizer.momentum=0"]).optimizer
+    server = GroupServer(0, opt, 1.0 / workers, 4, Link(0.0, 1e9, False))
+    p0 = torch.arange(4, dtype=torch.float32)
+    server.install(make_policy(scheme, range(workers)), p0.numpy(), torch.zeros(0).numpy(), False, 0)
+    return server, p0
+
+
+def test_bsp_barrier_waits_for_every_worker_then_applies_the_mean():
+    async def scenario():
+        server, p0 = _server("bsp", 2)
+        g0, g1 = torch.ones(4), torch.full((4,), 3.0)
+        await server.push(0, 0, g0.numpy(), torch.zeros(0).numpy())
+        waiting = asyncio.ensure_future(server.pull(0))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()  # worker 0 is at the barrier
+        await server.push(1, 0, g1.numpy(), torch.zeros(0).numpy())
+        reply = await asyncio.wait_for(waiting, 1.0)
+        assert reply["status"] == "ok"
+        assert torch.allclose(torch.from_numpy(reply["params"]), p0 - 0.1 * (g0 + g1) / 2)
+
+    asyncio.run(scenario())
+
+
+def test_removing_a_worker_releases_the_barrier_it_held():
+    async def scenario():
+        server, p0 = _server("bsp", 3)
+        for w in (0, 1):
+            await server.push(w, 0, torch.ones(4).numpy(), torch.zeros(0).numpy())
+        waiting = asyncio.ensure_future(server.pull(0))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        server.remove_worker(2, epoch=1)  # worker 2 died before pushing
+        reply = await asyncio.wait_for(waiting, 1.0)
+        assert torch.allclose(torch.from_numpy(reply["params"]), p0 - 0.1 * 2 / 3)
+        assert (await server.pull(2))["status"] == "moved"
+
+    asyncio.run(scenario())
+
+
+def test_ssp_gate_holds_the_fast_worker_within_the_bound():
+    async def scenario():
+        opt = load_config(None, []).optimizer
+        server = GroupServer(0, opt, 0.5, 4, Link(0.0, 1e9, False))
+        server.install(make_policy("ssp", range(2), 1), torch.zeros(4).numpy(), torch.zeros(0).numpy(), False, 0)
+        for _ in range(2):
+            await server.push(0, None, torch.zeros(4).numpy(), torch.zeros(0).numpy())
+        waiting = asyncio.ensure_future(server.pull(0))  # clock 2 > slowest 0 + s 1
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        await server.push(1, None, torch.zeros(4).numpy(), torch.zeros(0).numpy())
+        assert (await asyncio.wait_for(waiting, 1.0))["status"] == "ok"
+        server.stop()
+        assert (await server.pull(1))["status"] == "stop"
+
+    asyncio.run(scenario())
+
+
+def test_checkpoint_round_trip_keeps_optimizer_state(tmp_path):
+    from shoal.engine.replica import Replica
+
+    for name in ("sgd", "adam"):
+        opt = load_config(None, [f"optimizer.name=\"{name}\""]).optimizer
+        replica = Replica(torch.randn(6), torch.randn(2), opt, track_own=True)
+        for _ in range(3):
+            replica.apply([torch.randn(6)], 0.5)
+        checkpoint.save_replica(tmp_path, name, replica, {"updates": 3})
+        loaded, manifest = checkpoint.load_replica(tmp_path, name, opt)
+        grad = torch.randn(6)
+        replica.apply([grad], 0.5)
+        loaded.apply([grad], 0.5)
+        assert torch.equal(loaded.params, replica.params) and manifest["updates"] == 3
+    (tmp_path / "sgd.safetensors").write_bytes(b"tampered")
+    with pytest.raises(ConfigError, match="checksum"):
+        checkpoint.load_replica(tmp_path, "sgd", opt)
+
+
+# -- the CLI: Ctrl-C writes the summary and leaves no process behind ------------------------------
+
+
+@pytest.mark.slow
+def test_ctrl_c_writes_summary_and_leaves_no_process(tmp_path):
+    out = tmp_path / "r"
+    cmd = [str(Path(sys.executable).parent / "shoal"), "train", "--backend", "ray", "--out", str(out), "-q",
+           *[f"--set={o}" for o in FAST + RAY[1:] + ["run.max_time_s=120", "run.target_accuracy=0.999"]]]
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    tree: set[int] = set()
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            metrics = out / "metrics.jsonl"
+            if metrics.exists() and '"eval"' in metrics.read_text():
+                break
+            time.sleep(0.5)
+        tree = descendants(proc.pid)
+        assert tree, "no Ray processes under shoal train"
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 130, proc.stderr.read().decode()[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["iterations"] > 0
+    time.sleep(2)
+    left = [p for p in tree if Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]]
+    assert not left, f"processes left behind: {left}"
