@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -27,9 +28,11 @@ ray = pytest.importorskip("ray")
 from shoal.backends import checkpoint  # noqa: E402
 from shoal.backends.ray import ActorPool, RayBackend, start_local_ray  # noqa: E402
 from shoal.backends.ray_actors import GroupServer, Link  # noqa: E402
-from shoal.config import Config, ConfigError, load_config  # noqa: E402
+from shoal.backends.ray_switch import SERVER, ServerSide, worker_name  # noqa: E402
+from shoal.config import ConfigError, load_config  # noqa: E402
 from shoal.engine.metrics import RunRecorder  # noqa: E402
 from shoal.engine.setup import build_setup  # noqa: E402
+from shoal.network import dataplane  # noqa: E402
 from shoal.runner import train  # noqa: E402
 from shoal.sync import make_policy  # noqa: E402
 
@@ -260,10 +263,85 @@ def test_ray_rejects_what_it_does_not_run(tmp_path):
         train(ray_config("compression.similarity.enabled=true"), tmp_path / "r")
     with pytest.raises(ConfigError, match="cost mode"):
         train(ray_config("backend.mode=cost"), tmp_path / "r")
-    if "network" in Config.model_fields:  # in-network aggregation (GRID in training) is sim-only for now
-        with pytest.raises(ConfigError, match="network.aggregation"):
-            train(ray_config("network.aggregation=\"ina\""), tmp_path / "r")
+    with pytest.raises(ConfigError, match="backend.max_restarts"):  # INA runs on ray (below), but without restarts
+        train(ray_config("network.aggregation=\"ina\"", "backend.max_restarts=1"), tmp_path / "r")
     assert not (tmp_path / "r").exists()
+
+
+# -- in-network aggregation: software switch actors ----------------------------------------------
+
+# A pinned plan (hosts, server host, programmable ToRs, capacity): switch e0.0 aggregates workers 0-2, worker 3
+# sends straight to the server.
+INA = ["network.aggregation=ina", "network.topology=fattree:k=4", "network.ps_host=\"h3.1.1\"",
+       "network.programmable=tor", "network.worker_hosts=['h0.0.0', 'h0.0.1', 'h0.1.0', 'h1.0.0']",
+       "network.algorithm=grid", "cluster.link_gbps=10", "cluster.server_gbps=10", "network.capacity_gbps=[15]",
+       "network.fragment_size=256"]
+
+
+def test_bsp_trains_through_a_switch_that_really_aggregates(ray_session):
+    stream = io.StringIO()
+    _, summary = run_backend(ray_config(*INA, "run.max_time_s=15"), stream=stream)
+    routing = summary["routing"]
+    assert routing["worker_nodes"] == ["e0.0", "e0.0", "e0.0", "server"]
+    assert summary["stop_reason"] == "target_reached" and summary["final_accuracy"] >= 0.9
+    plane = routing["dataplane"]
+    switch = plane["switches"]["e0.0"]
+    assert switch["fan_in"] == 3
+    assert switch["aggregated_fragments"] > 0 and switch["completed"] > 0  # summed in the switch, not fallen back
+    assert switch["aggregated_fragments"] >= 3 * switch["completed"]
+    assert plane["server"]["aggregates"] == switch["completed"] and plane["server"]["direct_fragments"] > 0
+    fragments = -(-summary["params"] // 256)
+    assert switch["completed"] >= 0.9 * summary["group_updates"][0] * fragments  # (almost) every fragment, every round
+    ends = [json.loads(line) for line in stream.getvalue().splitlines() if '"dataplane"' in line]
+    assert len(ends) == 1 and ends[0]["switches"]["e0.0"]["completed"] == switch["completed"]
+
+
+def test_a_one_slot_switch_falls_back_and_still_trains(ray_session):
+    _, summary = run_backend(ray_config(*INA, "network.switch_slots=1", "network.resend_timeout_s=0.05",
+                                        "run.max_iterations=150", "run.stop_at_target=false"))
+    switch = summary["routing"]["dataplane"]["switches"]["e0.0"]
+    assert switch["fallbacks_full"] + switch["fallbacks_collision"] > 0 and switch["aggregated_fragments"] > 0
+    assert summary["iterations"] >= 150 and summary["final_accuracy"] > 0.6
+
+
+def test_the_server_applies_the_data_planes_sum_exactly_as_bsp_with_weight_decay():
+    """Same gradients: the replica after an INA round equals plain BSP's, weight decay and momentum included."""
+    opt = load_config(None, ["optimizer.lr=0.1", "optimizer.momentum=0.9", "optimizer.weight_decay=0.01"]).optimizer
+    n, size = 3, 1000
+    rng = np.random.default_rng(0)
+    grads = [rng.normal(size=size).astype(np.float32) for _ in range(n)]
+    p0 = rng.normal(size=size).astype(np.float32)
+
+    class Acks:  # stands in for a worker actor's handle
+        def __init__(self) -> None:
+            self.got: list[dataplane.Ack] = []
+            self.on_acks = self
+
+        def remote(self, acks, run_id):
+            self.got.extend(acks)
+
+    async def one(ina: bool) -> tuple[torch.Tensor, list[Acks]]:
+        server = GroupServer(0, opt, 1.0 / n, 4, Link(0.0, 1e9, False))
+        server.install(make_policy("bsp", range(n)), p0, np.zeros(0, np.float32), False, 0)
+        handles = [Acks() for _ in range(n)]
+        if ina:
+            server.ina = ServerSide({worker_name(w): h for w, h in enumerate(handles)}, size, 128)
+            plan = {worker_name(w): "s" if w < 2 else SERVER for w in range(n)}
+            nodes = dataplane.build_nodes(plan, SERVER, size, fragment_size=128)
+            for w in range(n):
+                frags = nodes.workers[worker_name(w)].send(0, grads[w], 0.0)
+                if w < 2:
+                    frags = [m for f in frags for m in nodes.switches["s"].receive(f)]
+                await server.receive(frags)
+        for w in range(n):
+            await server.push(w, 0, None if ina else grads[w], np.zeros(0, np.float32))
+        return torch.from_numpy(np.array(server.state()[0])), handles
+
+    plain, _ = asyncio.run(one(False))
+    summed, handles = asyncio.run(one(True))
+    assert not torch.equal(plain, torch.from_numpy(p0))
+    assert torch.allclose(summed, plain, rtol=0, atol=1e-6)
+    assert all(len(h.got) == -(-size // 128) for h in handles)  # every fragment of every worker acknowledged
 
 
 # -- the group server's gating, driven directly (no Ray) -----------------------------------------

@@ -177,6 +177,9 @@ class NetworkConfig(Section):
     link_gbps: float | None = Field(None, gt=0, description="ina: bandwidth of every topology link (Gbps); none keeps the topology's (generated ones: 100).")
     ps_host: str | None = Field(None, description="ina: the host the server runs on; none = chosen from the seed.")
     worker_hosts: list[str] = Field([], description="ina: the host of each worker, in worker order; empty = placed from the seed.")
+    switch_slots: int = Field(512, ge=1, description="ina, ray backend: memory units (aggregators) of each software switch; a fragment whose unit is taken goes on to the server unaggregated.")
+    fragment_size: int = Field(1024, ge=1, description="ina, ray backend: gradient values per fragment (one switch unit holds one fragment).")
+    resend_timeout_s: float = Field(1.0, gt=0, description="ina, ray backend: a worker resends fragments the server has not acknowledged within this many seconds.")
 
 
 class BackendConfig(Section):

@@ -23,6 +23,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ import torch
 
 from shoal.backends import checkpoint
 from shoal.backends.ray_actors import GroupServer, Link, Worker
+from shoal.backends.ray_switch import SERVER, SwitchActor, worker_name
 from shoal.cluster.grouping import choose_groups
 from shoal.compress import GDTopKSchedule
 from shoal.config import BackendConfig, Config, ConfigError
@@ -117,9 +119,9 @@ def validate(cfg: Config) -> None:
     similarity = getattr(cfg.compression, "similarity", None)
     if similarity is not None and getattr(similarity, "enabled", False):
         raise ConfigError("compression.similarity.enabled: SIM is not available on the ray backend yet; use --backend sim")
-    network = getattr(cfg, "network", None)
-    if network is not None and getattr(network, "aggregation", "server") != "server":
-        raise ConfigError("network.aggregation: in-network aggregation is not available on the ray backend yet; use --backend sim")
+    if cfg.network.aggregation == "ina" and cfg.backend.max_restarts > 0:
+        raise ConfigError("backend.max_restarts: a restarted worker cannot rejoin an in-network aggregation round; "
+                          "use 0 (a failed worker then ends the run)")
     address = cfg.backend.address
     if address and address.startswith("ray://"):
         try:
@@ -231,6 +233,9 @@ class RayBackend:
         self.schedule = GDTopKSchedule(gd.initial_density, gd.warmup_epochs, gd.final_density_fast, gd.final_density_slow)
         self.servers: list[Any] = []
         self.spares: list[Any] = []
+        self.plan = setup.aggregation  # in-network aggregation ([network] aggregation = "ina"), else None
+        self.switches: dict[str, Any] = {}
+        self.dataplane: dict[str, Any] | None = None
         self.workers: dict[int, Any] = {}
         self.pids: dict[int, int] = {}
         self.devices: dict[int, str] = {}
@@ -344,8 +349,10 @@ class RayBackend:
         for w in range(self.n):
             self.workers[w] = self._worker_actor(w)
         self._install_servers(policies, resumed)
+        if self.plan is not None:
+            self._start_switches()
         pings = {self.workers[w].ping.remote(): w for w in range(self.n)}
-        pings |= {s.ping.remote(): -1 for s in self.servers + self.spares}
+        pings |= {s.ping.remote(): -1 for s in self.servers + self.spares + list(self.switches.values())}
         ready, pending = ray.wait(list(pings), num_returns=len(pings), timeout=STARTUP_TIMEOUT_S)
         if pending:
             raise RuntimeError(f"{len(pending)} Ray actors were not placed within {STARTUP_TIMEOUT_S:.0f} s "
@@ -359,6 +366,51 @@ class RayBackend:
         for w in range(self.n):
             self._launch(w)
         self.started = True
+
+    def _start_switches(self) -> None:
+        """One switch actor per aggregation switch of the plan; every worker learns its node, the server the workers."""
+        import ray
+
+        plan, net = self.plan, self.cfg.network
+        assert plan is not None
+        members: dict[str, list[str]] = {}
+        for w, node in enumerate(plan.node_of):
+            if node is not None:
+                members.setdefault(node, []).append(worker_name(w))
+        for switch, names in sorted(members.items()):
+            self.switches[switch] = ray.remote(SwitchActor).options(num_cpus=0, max_concurrency=1000).remote(
+                switch, names, net.switch_slots)
+        server, run_id = self.servers[0], uuid.uuid4().hex
+        calls = [s.set_server.remote(server) for s in self.switches.values()]
+        calls.append(server.ina_setup.remote({worker_name(w): self.workers[w] for w in range(self.n)},
+                                             self.setup.engine.num_params, net.fragment_size, run_id))
+        for w, node in enumerate(plan.node_of):
+            handle = server if node is None else self.switches[node]
+            fan_in = 1 if node is None else len(members[node])
+            calls.append(self.workers[w].set_ina.remote(worker_name(w), node or SERVER, fan_in, net.fragment_size,
+                                                        net.resend_timeout_s, handle, plan.rate_bps, run_id))
+        ray.get(calls)
+
+    def _collect_dataplane(self) -> None:
+        """The data plane's counters: per switch, the server's receiving side and the workers' senders (summed)."""
+        import ray
+
+        if self.plan is None:
+            return
+        switches = dict(zip(self.switches, ray.get([s.counters.remote() for s in self.switches.values()], timeout=30)))
+        totals = ray.get(self.servers[0].drain.remote(), timeout=30)
+        for event in totals.pop("events"):
+            self.recorder.event(event.pop("event"), **event)
+        server = totals.get("dataplane", {})
+        senders = ray.get([self.workers[w].ina_counters.remote() for w in sorted(self.alive)], timeout=30)
+        workers: dict[str, int] = {}
+        for counters in senders:
+            for key, value in (counters or {}).items():
+                workers[key] = workers.get(key, 0) + value
+        net = self.cfg.network
+        self.dataplane = {"fragment_size": net.fragment_size, "switch_slots": net.switch_slots,
+                          "switches": switches, "server": server, "workers": workers}
+        self.recorder.event("dataplane", t=round(self.now(), 6), **self.dataplane)
 
     def _initial_policies(self, resumed: dict[str, Any] | None) -> list[SyncPolicy]:
         if self.gssp is not None:
@@ -596,6 +648,12 @@ class RayBackend:
 
         self.alive.discard(w)
         self._drains.pop(w, None)
+        if self.plan is not None:  # its switch and the server wait for its fragments: the round cannot finish
+            self.failures.append({"t": round(self.now(), 6), "worker": w, "error": error, "restarted": False})
+            self.recorder.event("worker_failed", t=self.now(), worker=w, error=error, restarted=False)
+            self.dead.add(w)
+            self.stop_reason = "worker_failed"
+            return
         restart = self.restarts[w] < self.cfg.backend.max_restarts
         self.failures.append({"t": round(self.now(), 6), "worker": w, "error": error, "restarted": restart})
         self.recorder.event("worker_failed", t=self.now(), worker=w, error=error, restarted=restart)
@@ -762,7 +820,8 @@ class RayBackend:
             return
         self.elapsed = self.now()
         self.stop_reason = self.stop_reason or "interrupted"
-        steps = (self._stop_actors, lambda: self._drain(wait_s=5.0), self._final_evaluation, self._final_checkpoint)
+        steps = (self._stop_actors, lambda: self._drain(wait_s=5.0), self._collect_dataplane, self._final_evaluation,
+                 self._final_checkpoint)
         for step in steps:
             try:
                 step()
@@ -796,7 +855,7 @@ class RayBackend:
         reusable = {h._actor_id for w, h in self.workers.items() if w in self.alive and w not in running}
         reusable |= {h._actor_id for h in [*self.servers, *self.spares]}
         pooling = ActorPool.enabled and self.where == "existing" and self.started
-        for handle in [*self.workers.values(), *self.servers, *self.spares]:
+        for handle in [*self.workers.values(), *self.servers, *self.spares, *self.switches.values()]:
             if pooling and handle._actor_id in reusable:
                 ActorPool.give(self._keys[handle._actor_id], handle)
                 continue
@@ -824,6 +883,7 @@ class RayBackend:
                 "restarts": sum(self.restarts),
                 "checkpoint": self.last_checkpoint,
                 "resumed_from": str(self.resume) if self.resume is not None else None,
+                **({"routing": {**self.plan.summary, "dataplane": self.dataplane}} if self.plan is not None else {}),
             },
         )
 

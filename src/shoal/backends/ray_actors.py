@@ -8,6 +8,13 @@ compute a real gradient on exactly what it pulled, pad to the emulated
 compute and link times, push. Parameters and gradients travel as numpy
 arrays through Ray's object store.
 
+With in-network aggregation (``[network] aggregation = "ina"``, BSP only)
+a worker's push carries no gradient: before it, the worker sends the
+gradient as fragments to its aggregation node (a switch actor or the
+server, ``ray_switch``) and waits until the server has acknowledged every
+fragment; when the barrier releases the round, the server applies the sum
+the data plane assembled.
+
 Membership changes (GSSP split or regroup, a failed worker) are decided by
 the driver. A server answers a worker it no longer serves with MOVED and its
 membership epoch; the worker then waits for a route of a newer epoch, which
@@ -31,6 +38,7 @@ import numpy as np
 import torch
 
 from shoal.backends import checkpoint
+from shoal.backends.ray_switch import ServerSide, WorkerSide
 from shoal.cluster import StragglerModel
 from shoal.compress import GradientCodec, make_compressor
 from shoal.config import Config, OptimizerConfig
@@ -87,6 +95,7 @@ class GroupServer:
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
         self._events: list[dict[str, Any]] = []
+        self.ina: ServerSide | None = None
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -143,6 +152,16 @@ class GroupServer:
                 self._apply(batch)
         self._wake_all()
 
+    def ina_setup(self, workers: dict[str, Any], n_values: int, fragment_size: int, run_id: str) -> None:
+        """In-network aggregation: receive gradients as fragments and sums (worker name -> handle, for acks)."""
+        self.ina = ServerSide(workers, n_values, fragment_size, run_id)
+
+    async def receive(self, messages: list[Any]) -> None:
+        """Fragments (from the own workers, or switch fallbacks) and switch sums; acks go to the workers."""
+        if self.ina is None:
+            raise RuntimeError("this group server does not run in-network aggregation")
+        self.ina.receive(messages)
+
     def set_lr(self, lr: float) -> None:
         assert self.replica is not None
         for group in self.replica.optimizer.param_groups:
@@ -165,15 +184,17 @@ class GroupServer:
         params, buffers = self.state()
         return {"status": OK, "params": params, "buffers": buffers, "version": self.version, "wait_s": waited}
 
-    async def push(self, worker: int, pulled_version: int | None, grad: np.ndarray, buffer_delta: np.ndarray) -> dict[str, Any]:
-        """Take a gradient; apply what the policy releases; send the own delta when due (GSSP)."""
+    async def push(self, worker: int, pulled_version: int | None, grad: np.ndarray | None,
+                   buffer_delta: np.ndarray) -> dict[str, Any]:
+        """Take a gradient (None: it came through the data plane); apply what the policy releases; send the own
+        delta when due (GSSP)."""
         if self.stopping:
             return {"status": STOP}
         assert self.policy is not None
         if worker not in self.policy.clocks:
             return {"status": MOVED, "epoch": self.epoch}
         staleness = None if pulled_version is None else self.version - pulled_version
-        self._pending[worker] = (_tensor(grad), _tensor(buffer_delta))
+        self._pending[worker] = (None if grad is None else _tensor(grad), _tensor(buffer_delta))
         batch = self.policy.on_push(worker)
         if batch:
             self._apply(batch)
@@ -216,10 +237,30 @@ class GroupServer:
         pushes = [self._pending.pop(w) for w in batch if w in self._pending]
         if not pushes:
             return
+        if self.ina is not None:
+            if not self._apply_aggregated(len(pushes)):
+                return
+        else:
+            self.replica.apply([g for g, _ in pushes], self.weight)
         self.version += 1
         self.updates += 1
-        self.replica.apply([g for g, _ in pushes], self.weight)
         self.replica.add_buffer_deltas([b for _, b in pushes], self.weight)
+
+    def _apply_aggregated(self, count: int) -> bool:
+        """The data plane's sum of this round (every worker pulled ``version``), as BSP applies ``count`` gradients.
+
+        ``Replica.apply(grads, weight)`` steps on ``weight * sum(grads)`` and decays by ``weight * len(grads)``:
+        one gradient ``sum / count`` at weight ``self.weight * count`` gives the same step and the same decay.
+        """
+        assert self.ina is not None and self.replica is not None
+        total = self.ina.take(self.version)
+        if total is None:  # a worker left mid-round (failure): its contribution never came
+            self._events.append({"event": "ina_incomplete", "t": round(time.time() - self.t0, 6),
+                                 "round": self.version, "missing": len(self.ina.server.missing(self.version))})
+            return False
+        grad = torch.from_numpy(total).to(self.replica.params.dtype).div_(count)
+        self.replica.apply([grad], self.weight * count)
+        return True
 
     # -- GSSP exchange ---------------------------------------------------------------
 
@@ -270,7 +311,8 @@ class GroupServer:
         """Events since the last call, and the counters."""
         events, self._events = self._events, []
         return {"events": events, "updates": self.updates, "exchanges": self.exchanges,
-                "bytes_exchange": self.bytes_exchange, "version": self.version}
+                "bytes_exchange": self.bytes_exchange, "version": self.version,
+                **({"dataplane": self.ina.counters()} if self.ina is not None else {})}
 
     def save(self, folder: str) -> dict[str, Any]:
         """Checkpoint the replica and optimizer into ``folder`` (safetensors + JSON manifest)."""
@@ -323,6 +365,8 @@ class Worker:
         self._fail_next = False
         self._records: list[dict[str, Any]] = []
         self._push_estimate = 0.0
+        self.push_link = self.link
+        self.ina: WorkerSide | None = None
         self.t0 = 0.0
         self._warm_up(shard)
 
@@ -362,6 +406,21 @@ class Worker:
     def set_speed(self, speed: float) -> None:
         self.speed = speed
 
+    def set_ina(self, name: str, node: str, fan_in: int, fragment_size: int, timeout: float, handle: Any,
+                rate_bps: float, run_id: str) -> None:
+        """In-network aggregation: push gradients as fragments to ``handle`` (a switch or the server), padded
+        to the plan's rate instead of the link's."""
+        self.ina = WorkerSide(name, node, fan_in, fragment_size, timeout, handle, run_id)
+        c = self.cfg.cluster
+        self.push_link = Link(c.latency_ms / 1e3, rate_bps, c.emulate)
+
+    def on_acks(self, acks: list[Any], run_id: str) -> None:
+        if self.ina is not None:
+            self.ina.on_acks(acks, run_id)
+
+    def ina_counters(self) -> dict[str, int] | None:
+        return None if self.ina is None else self.ina.counters()
+
     def drain(self, density: float) -> list[dict[str, Any]]:
         """Iteration records since the last call; takes the upload density to use from now on."""
         self.density = density
@@ -371,6 +430,8 @@ class Worker:
     def stop(self) -> None:
         self._stopping = True
         self._route_changed.set()
+        if self.ina is not None:
+            self.ina.wake()
 
     def fail_next(self) -> None:
         """Fault injection: the next iteration raises (tests and chaos drills)."""
@@ -437,13 +498,19 @@ class Worker:
         nbytes += 4 * buffer_delta.numel()
         return grad.numpy(), buffer_delta.numpy(), nbytes, loss
 
-    async def _push(self, route: Route, version: int, grad: np.ndarray, delta: np.ndarray,
+    async def _push(self, route: Route, version: int, grad: np.ndarray | None, delta: np.ndarray,
                     nbytes: int) -> tuple[dict[str, Any], float, float] | None:
         """Upload (link-padded), re-sending to the new server if this worker moved; (reply, wait_s, comm_s)."""
-        pad = self.link.seconds(nbytes) - self._push_estimate
+        pad = self.push_link.seconds(nbytes) - self._push_estimate
         comm = max(pad, 0.0)
         if pad > 0:
             await asyncio.sleep(pad)
+        if self.ina is not None:  # the gradient goes through the data plane; the push below only counts it
+            start = time.perf_counter()
+            if not await self.ina.push(version, grad, lambda: self._stopping):
+                return None
+            comm += time.perf_counter() - start
+            grad = None
         waited = 0.0
         pulled_version: int | None = version
         while not self._stopping:
