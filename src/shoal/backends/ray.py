@@ -43,7 +43,7 @@ from shoal.config import BackendConfig, Config, ConfigError
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
 from shoal.engine.setup import RunSetup
 from shoal.sync import SyncPolicy, make_policy
-from shoal.sync.gssp import GSSP, Move
+from shoal.sync.gssp import Move, gssp_from_config
 from shoal.sync.policies import SSP
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -223,12 +223,7 @@ class RayBackend:
         self.n = self.profile.workers
         self.speeds = list(self.profile.speeds)
         self.stats = [WorkerStats(id=w, group=0, speed=self.speeds[w]) for w in range(self.n)]
-        s = self.cfg.sync
-        self.gssp = GSSP(
-            self.n, s.staleness, s.exchange_every, groups=s.groups, threshold=s.group_threshold,
-            max_groups=s.max_groups, profile_iterations=s.profile_iterations, profile_window=s.profile_window,
-            regroup=s.regroup, regroup_margin=s.regroup_margin, regroup_patience=s.regroup_patience,
-        ) if s.scheme == "gssp" else None
+        self.gssp = gssp_from_config(self.cfg.sync, self.n) if self.cfg.sync.scheme == "gssp" else None
         gd = self.cfg.compression.gdtopk
         self.schedule = GDTopKSchedule(gd.initial_density, gd.warmup_epochs, gd.final_density_fast, gd.final_density_slow)
         self.servers: list[Any] = []

@@ -33,7 +33,7 @@ from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
 from shoal.engine.replica import Replica
 from shoal.engine.setup import RunSetup
 from shoal.sync import SyncPolicy, make_policy
-from shoal.sync.gssp import GSSP
+from shoal.sync.gssp import gssp_from_config
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -187,7 +187,7 @@ class SimBackend:
         self.speeds = list(self.profile.speeds)
         self.stragglers = StragglerModel(self.cfg.cluster.stragglers, n, self.cfg.run.seed)
         self.stats = [WorkerStats(id=w, group=0, speed=self.speeds[w]) for w in range(n)]
-        self.gssp = self._make_gssp() if self.cfg.sync.scheme == "gssp" else None
+        self.gssp = gssp_from_config(self.cfg.sync, n) if self.cfg.sync.scheme == "gssp" else None
         policy = self.gssp.policy(0) if self.gssp else make_policy(self.cfg.sync.scheme, range(n), self.cfg.sync.staleness)
         self.slices = [slice(s.offset, s.offset + s.numel) for s in setup.engine.layout]
         self.lr = self.cfg.optimizer.lr
@@ -207,14 +207,6 @@ class SimBackend:
         self.stop_reason = "time_budget"
 
     # -- construction -----------------------------------------------------------
-
-    def _make_gssp(self) -> GSSP:
-        s = self.cfg.sync
-        return GSSP(
-            self.profile.workers, s.staleness, s.exchange_every, groups=s.groups, threshold=s.group_threshold,
-            max_groups=s.max_groups, profile_iterations=s.profile_iterations, profile_window=s.profile_window,
-            regroup=s.regroup, regroup_margin=s.regroup_margin, regroup_patience=s.regroup_patience,
-        )
 
     def _initial_replica(self) -> Replica | None:
         if not self.setup.train_mode:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shoal.cluster.grouping import Groups, IterationProfiler, Regrouper, canonical, choose_groups
+from shoal.config import SyncConfig
 from shoal.sync.policies import SSP
 
 
@@ -125,3 +126,12 @@ class GSSP:
             last = proposal.pop()
             proposal[-1] = sorted(proposal[-1] + last)
         return proposal + [[] for _ in range(self.servers - len(proposal))]
+
+
+def gssp_from_config(sync: SyncConfig, workers: int) -> GSSP:
+    """The GSSP policy object of a ``[sync]`` section (both backends build it this way)."""
+    return GSSP(
+        workers, sync.staleness, sync.exchange_every, groups=sync.groups, threshold=sync.group_threshold,
+        max_groups=sync.max_groups, profile_iterations=sync.profile_iterations, profile_window=sync.profile_window,
+        regroup=sync.regroup, regroup_margin=sync.regroup_margin, regroup_patience=sync.regroup_patience,
+    )
