@@ -41,6 +41,22 @@ def test_scheme_specs_become_overrides():
     assert parse_scheme("ssp+sim+fp16").overrides == (
         "sync.scheme=ssp", "compression.similarity.enabled=true", "compression.method=fp16")
     assert [s.name for s in parse_schemes("bsp, ssp,,gssp")] == ["bsp", "ssp", "gssp"]
+    assert parse_scheme("bsp+ina-atp").overrides == (
+        "sync.scheme=bsp", "network.aggregation=ina", "network.algorithm=atp")
+
+
+def test_in_network_plans_compare_and_show_their_routing(tmp_path):
+    out = tmp_path / "ina"
+    args = ["compare", *_sets("backend.mode=cost", "cluster.workers=8", "run.max_time_s=2", "model.hidden=[2048, 2048]",
+                              "network.topology=fattree:k=4", "network.programmable=all"),
+            "--schemes", "bsp,bsp+ina-geryon,bsp+ina-grid", "--out", str(out), "-q"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = {r["scheme"]: r for r in json.loads((out / "compare.json").read_text())["rows"]}
+    assert rows["bsp+ina-grid"]["routing"]["algorithm"] == "grid" and "routing" not in rows["bsp"]
+    assert rows["bsp+ina-grid"]["iterations"] > rows["bsp+ina-geryon"]["iterations"] == rows["bsp"]["iterations"]
+    page = (out / "report.html").read_text()
+    assert "Routing plan" in page and "bsp+ina-grid" in page
 
 
 @pytest.mark.parametrize("text, fragment", [

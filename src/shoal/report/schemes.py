@@ -1,9 +1,9 @@
 """Scheme specs for `shoal compare`: ``base[+modifier...]`` -> config overrides.
 
 A spec names a synchronisation scheme and what is layered on it, e.g.
-``gssp+gdtopk``. The tables below are the whole vocabulary, so adding a
-feature to the comparison (say ``ina`` -> ``network.aggregation=ina``) is one
-line here.
+``gssp+gdtopk`` or ``bsp+ina-atp`` (in-network aggregation along the atp
+plan). The tables below are the whole vocabulary, so adding a feature to the
+comparison is one line here.
 """
 
 from __future__ import annotations
@@ -21,9 +21,13 @@ BASES: dict[str, tuple[str, ...]] = {
 
 COMPRESSORS = ("fp16", "topk", "randk", "dgc", "qsgd", "gdtopk")
 
+PLANNERS = ("grid", "rgria", "exact", "geryon", "atp", "switchml")
+
 MODIFIERS: dict[str, tuple[str, ...]] = {
     "sim": ("compression.similarity.enabled=true",),
     **{name: (f"compression.method={name}",) for name in COMPRESSORS},
+    "ina": ("network.aggregation=ina",),
+    **{f"ina-{algo}": ("network.aggregation=ina", f"network.algorithm={algo}") for algo in PLANNERS},
 }
 
 
