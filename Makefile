@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
-DEMO_SCHEMES ?= bsp,ssp,gssp,gssp+sim
+DEMO_SCHEMES ?= bsp,ssp,gssp,gssp+sim,bsp+ina-grid
 
 .PHONY: setup demo test browser bench clean
 
@@ -17,10 +17,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# BSP, SSP, GSSP and GSSP+SIM on 8 workers in four speed tiers (a few minutes on 2 cores).
+# BSP, SSP, GSSP, GSSP+SIM and BSP with in-network aggregation on 8 workers in four speed tiers
+# (a few minutes on 2 cores).
 demo: $(STAMP)
 	$(BIN)/shoal compare --config examples/demo.toml --schemes $(DEMO_SCHEMES) --out runs/demo --overwrite
-	@echo "open file://$(CURDIR)/runs/demo/report.html in a browser (accuracy over time, speed-ups, per-worker timelines, groups, SIM)"
+	@echo "open file://$(CURDIR)/runs/demo/report.html in a browser (accuracy over time, speed-ups, per-worker timelines, groups, SIM, routing)"
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
