@@ -154,7 +154,8 @@ def test_local_mode_listens_on_loopback_only_and_bsp_trains(ray_session, tmp_pat
     its = [e for e in read_jsonl(tmp_path / "r" / "metrics.jsonl") if e["event"] == "iteration"]
     assert its and all(e["staleness"] == 0 for e in its)  # BSP: every gradient on the current round's parameters
     counts = [w["iterations"] for w in summary["per_worker"]]
-    assert max(counts) - min(counts) <= 1
+    # lockstep; at the stop the last collection interval's records of a worker may not be drained yet
+    assert max(counts) - min(counts) <= 2
     sim = train(load_config(None, FAST), tmp_path / "sim")
     assert set(sim) - {"compute_s_measured"} <= set(summary)
 
@@ -258,9 +259,42 @@ def test_resume_refuses_a_folder_without_checkpoint(tmp_path):
         train(load_config(None, FAST), tmp_path / "r", resume=tmp_path)
 
 
+# SIM with every tensor similar enough (threshold -1), so skipping certainly happens after a short warm-up
+SIM = ["compression.similarity.enabled=true", "compression.similarity.threshold=-1",
+       "compression.similarity.max_period=4", "compression.similarity.warmup_iterations=3",
+       "compression.similarity.min_numel=1"]
+
+
+def test_sim_on_ray_skips_tensors_and_moves_fewer_bytes(ray_session):
+    """BSP + SIM on Ray: sim events with tau > 1, the sim backend's summary fields, fewer bytes per iteration."""
+    budget = ("run.stop_at_target=false", "run.max_iterations=120", "run.max_time_s=10")
+    _, dense = run_backend(ray_config(*budget))
+    stream = io.StringIO()
+    _, summary = run_backend(ray_config(*budget, *SIM), stream=stream)
+    assert summary["final_accuracy"] >= 0.8, summary["final_accuracy"]
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    sims = [e for e in events if e["event"] == "sim"]
+    assert sims and max(max(e["tau"]) for e in sims) > 1
+    assert {"group", "clock", "names", "tau", "similarity", "measured", "bytes_saved"} <= set(sims[0])
+    assert [e["clock"] for e in sims] == sorted(e["clock"] for e in sims)
+    assert summary["bytes_saved_sim"] > 0 and len(summary["similarity"]) == 1
+    for key in ("bytes_up", "bytes_down"):
+        assert summary[key] / summary["iterations"] < 0.8 * dense[key] / dense["iterations"], key
+
+
+def test_gssp_with_sim_on_ray_keeps_a_schedule_per_group(ray_session):
+    cfg = ray_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.stop_at_target=false",
+                     "run.max_time_s=2.5", "compression.method=topk", "compression.density=0.3", *SIM)
+    stream = io.StringIO()
+    _, summary = run_backend(cfg, stream=stream)
+    assert summary["groups"] == [[0, 1], [2, 3]] and summary["best_accuracy"] >= 0.6
+    sims = [json.loads(line) for line in stream.getvalue().splitlines()]
+    sims = [e for e in sims if e["event"] == "sim"]
+    assert {e["group"] for e in sims} == {0, 1}
+    assert len(summary["similarity"]) == 2 and summary["bytes_saved_sim"] > 0
+
+
 def test_ray_rejects_what_it_does_not_run(tmp_path):
-    with pytest.raises(ConfigError, match="compression.similarity"):
-        train(ray_config("compression.similarity.enabled=true"), tmp_path / "r")
     with pytest.raises(ConfigError, match="cost mode"):
         train(ray_config("backend.mode=cost"), tmp_path / "r")
     with pytest.raises(ConfigError, match="backend.max_restarts"):  # INA runs on ray (below), but without restarts
@@ -454,3 +488,45 @@ def test_ctrl_c_writes_summary_and_leaves_no_process(tmp_path):
     time.sleep(2)
     left = [p for p in tree if Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]]
     assert not left, f"processes left behind: {left}"
+
+
+def test_sim_group_server_sends_only_fresh_tensors_and_averages_changes():
+    """SIM on a group server (no Ray): the pull after a skipped clock carries nothing, the re-sync averages."""
+    from shoal.backends.ray_actors import pack
+    from shoal.compress.similarity import SimilaritySchedule
+
+    async def scenario():
+        server, p0 = _server("bsp", 2)
+        slices = [(0, 2), (2, 4)]
+        schedule = SimilaritySchedule(["a", "b"], [2, 2], threshold=-1, max_period=2, warmup_iterations=0,
+                                      min_numel=1)
+        server.set_similarity(schedule, slices)
+        sl = [slice(a, b) for a, b in slices]
+        first = [await server.pull(w) for w in range(2)]  # clock 0: everything, fresh (new to this replica)
+        assert first[0]["fresh"] == (True, True) and first[0]["params"].size == 4 and first[0]["nbytes"] == 16
+        for w in range(2):
+            sim = {"delta": np.zeros(0, np.float32), "grad_mask": (True, True), "delta_mask": (False, False), "clock": 0}
+            await server.push(w, 0, torch.full((4,), w + 1.0).numpy(), torch.zeros(0).numpy(), sim)
+        assert [e["clock"] for e in server.drain()["events"] if e["event"] == "sim"] == [0]
+        second = await server.pull(0)  # clock 1: both tensors skipped (tau 2), still takes clock 0's values
+        assert second["plan"] == (False, False) and second["fresh"] == (True, True)
+        p1 = p0 - 0.1 * 1.5
+        assert torch.allclose(torch.from_numpy(second["params"]), p1)
+        await server.pull(1)
+        for w in range(2):
+            sim = {"delta": np.zeros(0, np.float32), "grad_mask": (False, False), "delta_mask": (False, False),
+                   "clock": 1}
+            await server.push(w, 1, np.zeros(0, np.float32), torch.zeros(0).numpy(), sim)
+        assert torch.allclose(server.replica.params, p1)  # nothing aggregated at a skipped clock
+        third = await server.pull(0)  # clock 2: re-synchronise; nothing came at clock 1, so nothing travels
+        assert third["plan"] == (True, True) and third["fresh"] == (False, False)
+        assert third["params"].size == 0 and third["nbytes"] == 0
+        await server.pull(1)
+        for w in range(2):
+            change = torch.full((4,), -0.2 * (w + 1))
+            sim = {"delta": pack(change, (True, True), sl), "grad_mask": (False, False), "delta_mask": (True, True),
+                   "clock": 2}
+            await server.push(w, 2, np.zeros(0, np.float32), torch.zeros(0).numpy(), sim)
+        assert torch.allclose(server.replica.params, p1 - 0.3)  # the mean of the two local changes
+
+    asyncio.run(scenario())

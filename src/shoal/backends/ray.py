@@ -39,6 +39,7 @@ from shoal.backends.ray_actors import GroupServer, Link, Worker
 from shoal.backends.ray_switch import SERVER, SwitchActor, worker_name
 from shoal.cluster.grouping import choose_groups
 from shoal.compress import GDTopKSchedule
+from shoal.compress.similarity import SimilaritySchedule
 from shoal.config import BackendConfig, Config, ConfigError
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
 from shoal.engine.setup import RunSetup
@@ -116,9 +117,6 @@ def validate(cfg: Config) -> None:
     """Reject what the ray backend does not run, before anything is written."""
     if cfg.backend.mode != "train":
         raise ConfigError("backend.mode: cost mode is simulator-only; use backend.name = \"sim\"")
-    similarity = getattr(cfg.compression, "similarity", None)
-    if similarity is not None and getattr(similarity, "enabled", False):
-        raise ConfigError("compression.similarity.enabled: SIM is not available on the ray backend yet; use --backend sim")
     if cfg.network.aggregation == "ina" and cfg.backend.max_restarts > 0:
         raise ConfigError("backend.max_restarts: a restarted worker cannot rejoin an in-network aggregation round; "
                           "use 0 (a failed worker then ends the run)")
@@ -427,14 +425,31 @@ class RayBackend:
         if resumed is None:
             params, buffers = self.setup.engine.initial_state()
             ray.get(self.servers[0].install.remote(policies[0], params.numpy(), buffers.numpy(), track_own, self.epoch))
-            return
-        folder = str(resumed["folder"])
-        ray.get([s.restore.remote(policies[g], folder, f"group-{g}", self.epoch) for g, s in enumerate(self.servers)])
+        else:
+            folder = str(resumed["folder"])
+            ray.get([s.restore.remote(policies[g], folder, f"group-{g}", self.epoch) for g, s in enumerate(self.servers)])
+        if self.cfg.compression.similarity.enabled:  # SIM periods are not checkpointed: a resume starts them again
+            schedule = self._new_schedule()
+            ray.get([s.set_similarity.remote(schedule.restarted(keep_bytes=g == 0), self._slices())
+                     for g, s in enumerate(self.servers)])
+
+    def _new_schedule(self) -> SimilaritySchedule:
+        """SIM's schedule, built exactly as the sim backend builds it."""
+        sim, layout = self.cfg.compression.similarity, self.setup.engine.layout
+        return SimilaritySchedule(
+            [s.name for s in layout], [s.numel for s in layout], threshold=sim.threshold, max_period=sim.max_period,
+            warmup_iterations=sim.warmup_iterations, min_numel=sim.min_numel, smoothing=sim.smoothing,
+        )
+
+    def _slices(self) -> list[tuple[int, int]]:
+        return [(s.offset, s.offset + s.numel) for s in self.setup.engine.layout]
 
     def _launch(self, w: int) -> None:
         """Start ``w``'s loop on its current route."""
         self.alive.add(w)
         server = self.server_of(w)
+        if self.cfg.compression.similarity.enabled and self.lr != self.cfg.optimizer.lr:
+            self.workers[w].set_lr.remote(self.lr)  # a restarted worker's local optimizer follows the decay
         self._run_refs[self.workers[w].run.remote(self.t0, self.epoch, server, self.servers[server])] = w
 
     def server_of(self, worker: int) -> int:
@@ -540,7 +555,7 @@ class RayBackend:
         stats.compute_s += r["compute_s"]
         stats.comm_s += r["comm_s"]
         self.recorder.bytes_up += r["bytes_up"]
-        self.recorder.bytes_down += self.setup.download_bytes
+        self.recorder.bytes_down += r.get("bytes_down", self.setup.download_bytes)
         self.recorder.iteration(
             t=r["t"], worker=w, group=stats.group, clock=r["clock"], staleness=r["staleness"],
             compute_s=r["compute_s"], wait_s=r["wait_s"], comm_s=r["comm_s"], loss=r["loss"],
@@ -560,14 +575,16 @@ class RayBackend:
                 self._regroup_mark = self.recorder.iterations // self.n
                 if moves := self.gssp.check_regroup():
                     self._regroup(moves)
-        lr_at = getattr(self.cfg.optimizer, "lr_at", None)
-        if lr_at is not None:
-            lr = lr_at(self.recorder.iterations * self.cfg.data.batch_size / max(1, self.setup.n_train))
-            if lr != self.lr:
-                self.lr = lr
-                for server in self.servers:
-                    server.set_lr.remote(lr)
-                self.recorder.event("lr", t=self.now(), lr=lr)
+        epoch = self.recorder.iterations * self.cfg.data.batch_size / max(1, self.setup.n_train)
+        lr = self.cfg.optimizer.lr_at(epoch)
+        if lr != self.lr:
+            self.lr = lr
+            for server in self.servers:
+                server.set_lr.remote(lr)  # with SIM the servers also restart their periods
+            if self.cfg.compression.similarity.enabled:
+                for w in self.alive:
+                    self.workers[w].set_lr.remote(lr)
+            self.recorder.event("lr_decay", t=self.now(), epoch=round(epoch, 4), lr=lr)  # as the sim backend
 
     # -- GSSP membership -------------------------------------------------------------------
 
@@ -577,12 +594,14 @@ class RayBackend:
 
         self.epoch += 1
         policies = [self._live_policy(members) for members in groups]
-        params, buffers = ray.get(self.servers[0].split.remote(policies[0], self.epoch))
+        params, buffers, schedule = ray.get(self.servers[0].split.remote(policies[0], self.epoch))
         p_ref, b_ref = ray.put(params), ray.put(buffers)
         while len(self.spares) < len(groups) - 1:
             self.spares.append(self._server_actor(len(self.spares) + 1))
         new, surplus = self.spares[: len(groups) - 1], self.spares[len(groups) - 1 :]
         ray.get([s.install.remote(policies[g + 1], p_ref, b_ref, True, self.epoch) for g, s in enumerate(new)])
+        if schedule is not None:  # SIM: every group server runs a restarted copy (group 0 keeps the bytes saved)
+            ray.get([s.set_similarity.remote(schedule, self._slices()) for s in new])
         for spare in surplus:
             ray.kill(spare)
         self.spares = []
@@ -878,9 +897,18 @@ class RayBackend:
                 "restarts": sum(self.restarts),
                 "checkpoint": self.last_checkpoint,
                 "resumed_from": str(self.resume) if self.resume is not None else None,
+                **self._similarity_summary(totals),
                 **({"routing": {**self.plan.summary, "dataplane": self.dataplane}} if self.plan is not None else {}),
             },
         )
+
+    @staticmethod
+    def _similarity_summary(totals: list[dict[str, Any]]) -> dict[str, Any]:
+        """SIM's final state per group server, and the bytes it saved in all (as the sim backend's summary)."""
+        states = [t["similarity"] for t in totals if "similarity" in t]
+        if not states:
+            return {}
+        return {"similarity": states, "bytes_saved_sim": sum(sum(st["bytes_saved"]) for st in states)}
 
     def _groups(self) -> list[list[int]]:
         if self.gssp is not None:

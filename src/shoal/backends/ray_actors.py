@@ -38,9 +38,11 @@ import numpy as np
 import torch
 
 from shoal.backends import checkpoint
+from shoal.backends.local_model import LocalModel
 from shoal.backends.ray_switch import ServerSide, WorkerSide
 from shoal.cluster import StragglerModel
 from shoal.compress import GradientCodec, make_compressor
+from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
 from shoal.config import Config, OptimizerConfig
 from shoal.data import BatchStream, Dataset
 from shoal.engine.gradients import GradientEngine
@@ -58,6 +60,25 @@ def _quiet_readonly_numpy() -> None:
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.asarray(array))
+
+
+def pack(vector: torch.Tensor, mask: tuple[bool, ...], slices: list[slice]) -> np.ndarray:
+    """SIM: only the tensors marked in ``mask``, concatenated (what travels instead of the full vector)."""
+    parts = [vector[sl] for sl, take in zip(slices, mask) if take]
+    return (torch.cat(parts) if parts else vector[:0]).detach().cpu().numpy()
+
+
+def unpack(values: np.ndarray, mask: tuple[bool, ...], slices: list[slice], size: int) -> torch.Tensor:
+    """The inverse of ``pack``: a full-length vector, zero in the tensors not marked."""
+    flat = _tensor(values)
+    out = torch.zeros(size, dtype=flat.dtype)
+    at = 0
+    for sl, take in zip(slices, mask):
+        if take:
+            n = sl.stop - sl.start
+            out[sl] = flat[at : at + n]
+            at += n
+    return out
 
 
 @dataclass(frozen=True)
@@ -96,6 +117,11 @@ class GroupServer:
         self._seq = itertools.count()
         self._events: list[dict[str, Any]] = []
         self.ina: ServerSide | None = None
+        # SIM (compression.similarity): the schedule, the tensor slices, per-clock meters, workers to re-send in full
+        self.schedule: SimilaritySchedule | None = None
+        self.slices: list[slice] = []
+        self._meters: dict[int, SimilarityMeter] = {}
+        self.force_pull: set[int] = set()
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -118,16 +144,32 @@ class GroupServer:
         self._reset(policy, epoch)
         return {"version": self.replica.version}
 
-    def split(self, policy: SyncPolicy, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """GSSP: become group 0's server from a copy of this replica; return the state for the other groups."""
+    def split(self, policy: SyncPolicy, epoch: int) -> tuple[np.ndarray, np.ndarray, SimilaritySchedule | None]:
+        """GSSP: become group 0's server from a copy of this replica; return the state for the other groups.
+
+        With SIM, every group server restarts the schedule's clocks; only group 0 keeps the bytes saved so far.
+        """
         assert self.replica is not None
         self.replica = self.replica.clone(self.opt)
+        others = None
+        if self.schedule is not None:
+            others = self.schedule.restarted(keep_bytes=False)
+            self.schedule = self.schedule.restarted(keep_bytes=True)
         self._reset(policy, epoch)
-        return self.state()
+        return (*self.state(), others)
+
+    def set_similarity(self, schedule: SimilaritySchedule | None, slices: list[tuple[int, int]]) -> None:
+        """SIM: the schedule this server runs and the tensors' (start, stop) in the flat vector."""
+        self.schedule = schedule
+        self.slices = [slice(a, b) for a, b in slices]
+        self._meters.clear()
+        self.force_pull = set(self.policy.clocks) if self.policy is not None else set()
 
     def _reset(self, policy: SyncPolicy, epoch: int) -> None:
         self.policy, self.epoch = policy, epoch
         self._pending.clear()
+        self._meters.clear()
+        self.force_pull = set(policy.clocks)  # SIM: a worker new to this replica takes all of it
         self._since_exchange = 0
         self._wake_all()
 
@@ -139,6 +181,7 @@ class GroupServer:
         assert self.policy is not None
         if worker not in self.policy.clocks:
             self.policy.add(worker)
+        self.force_pull.add(worker)  # SIM: a moved or restarted worker takes this group's full replica
         self.epoch = epoch
 
     def remove_worker(self, worker: int, epoch: int) -> None:
@@ -150,6 +193,7 @@ class GroupServer:
             self._pending.pop(worker, None)
             if batch:
                 self._apply(batch)
+            self._finish_measurements()
         self._wake_all()
 
     def ina_setup(self, workers: dict[str, Any], n_values: int, fragment_size: int, run_id: str) -> None:
@@ -163,9 +207,12 @@ class GroupServer:
         self.ina.receive(messages)
 
     def set_lr(self, lr: float) -> None:
+        """A learning-rate decay; SIM restarts its periods."""
         assert self.replica is not None
         for group in self.replica.optimizer.param_groups:
             group["lr"] = lr
+        if self.schedule is not None:
+            self.schedule.reset()
 
     def stop(self) -> None:
         """Refuse further work and release every gated worker."""
@@ -182,22 +229,48 @@ class GroupServer:
         if status != OK:
             return {"status": status, "epoch": self.epoch, "wait_s": waited}
         params, buffers = self.state()
+        if self.schedule is not None:
+            return {"status": OK, **self._sim_pull(worker, params), "buffers": buffers, "version": self.version,
+                    "wait_s": waited}
         return {"status": OK, "params": params, "buffers": buffers, "version": self.version, "wait_s": waited}
 
+    def _sim_pull(self, worker: int, params: np.ndarray) -> dict[str, Any]:
+        """SIM: the plan of the worker's clock, and only the tensors aggregated at its previous clock (all of
+        them for a worker new to this replica), as in the sim backend's pull."""
+        assert self.schedule is not None and self.policy is not None and self.replica is not None
+        clock = self.policy.clocks[worker]
+        plan = self.schedule.plan(clock)
+        fresh = (True,) * len(plan) if worker in self.force_pull else self.schedule.plan(clock - 1)
+        self.force_pull.discard(worker)
+        self.schedule.record_saved(fresh)  # download
+        self.schedule.record_saved(plan)  # upload
+        values = pack(self.replica.params.detach(), fresh, self.slices)
+        return {"params": values, "fresh": fresh, "plan": plan, "clock": clock,
+                "nbytes": 4 * (values.size + self.replica.buffers.numel())}
+
     async def push(self, worker: int, pulled_version: int | None, grad: np.ndarray | None,
-                   buffer_delta: np.ndarray) -> dict[str, Any]:
+                   buffer_delta: np.ndarray, sim: dict[str, Any] | None = None) -> dict[str, Any]:
         """Take a gradient (None: it came through the data plane); apply what the policy releases; send the own
-        delta when due (GSSP)."""
+        delta when due (GSSP). With SIM, ``grad`` holds the packed gradient tensors and ``sim`` the packed local
+        changes, both masks and the SIM clock."""
         if self.stopping:
             return {"status": STOP}
         assert self.policy is not None
         if worker not in self.policy.clocks:
             return {"status": MOVED, "epoch": self.epoch}
         staleness = None if pulled_version is None else self.version - pulled_version
-        self._pending[worker] = (None if grad is None else _tensor(grad), _tensor(buffer_delta))
+        if sim is not None and self.schedule is not None:
+            size = self.replica.params.numel()
+            grad_t = unpack(grad, sim["grad_mask"], self.slices, size)
+            delta = unpack(sim["delta"], sim["delta_mask"], self.slices, size)
+            sim = {**sim, "delta": delta}
+        else:
+            grad_t, sim = None if grad is None else _tensor(grad), None
+        self._pending[worker] = (grad_t, _tensor(buffer_delta), sim)
         batch = self.policy.on_push(worker)
         if batch:
             self._apply(batch)
+        self._finish_measurements()
         clock = self.policy.clocks[worker]
         self._wake()
         if batch and self._exchange_due():
@@ -240,11 +313,48 @@ class GroupServer:
         if self.ina is not None:
             if not self._apply_aggregated(len(pushes)):
                 return
+        elif self.schedule is not None and all(s is not None for _, _, s in pushes):
+            self._apply_sim(pushes)
         else:
-            self.replica.apply([g for g, _ in pushes], self.weight)
+            self.replica.apply([g for g, _, _ in pushes], self.weight)
         self.version += 1
         self.updates += 1
-        self.replica.add_buffer_deltas([b for _, b in pushes], self.weight)
+        self.replica.add_buffer_deltas([b for _, b, _ in pushes], self.weight)
+
+    def _apply_sim(self, pushes: list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]) -> None:
+        """SIM (as SimServer._apply_sim): one step on the gradient tensors, average in the local changes,
+        measure similarity."""
+        assert self.replica is not None
+        by_masks: dict[tuple, list[tuple[torch.Tensor, dict[str, Any]]]] = {}
+        for grad, _, sim in pushes:  # a round shares its masks; they differ only right after a GSSP move
+            by_masks.setdefault((sim["grad_mask"], sim["delta_mask"]), []).append((grad, sim["delta"]))
+        for (grad_mask, delta_mask), same in by_masks.items():
+            if any(grad_mask):
+                frozen = [sl for sl, g in zip(self.slices, grad_mask) if not g]
+                self.replica.apply([g for g, _ in same], self.weight, frozen=frozen)
+            if any(delta_mask):
+                self.replica.add_delta([d for _, d in same], self.weight)
+        for grad, _, sim in pushes:
+            meter = self._meters.setdefault(sim["clock"], SimilarityMeter())
+            for i, sl in enumerate(self.slices):
+                if sim["grad_mask"][i]:
+                    meter.add(i, grad[sl])
+                elif sim["delta_mask"][i]:
+                    meter.add(i, sim["delta"][sl])
+
+    def _finish_measurements(self) -> None:
+        """SIM: feed the schedule every clock all members have pushed; a `sim` event per such clock."""
+        if self.schedule is None or self.policy is None:
+            return
+        done = sorted(c for c in self._meters if c < self.policy.min_clock)
+        for clock in done:
+            meter = self._meters.pop(clock)
+            for i in meter.count:
+                if (similarity := meter.similarity(i)) is not None:
+                    self.schedule.observe(i, similarity, clock)
+            self._events.append({"event": "sim", "t": round(time.time() - self.t0, 6), "group": self.index,
+                                 "clock": clock, **self.schedule.state()})
+        self.schedule.forget_before(self.policy.min_clock - 1)
 
     def _apply_aggregated(self, count: int) -> bool:
         """The data plane's sum of this round (every worker pulled ``version``), as BSP applies ``count`` gradients.
@@ -312,6 +422,7 @@ class GroupServer:
         events, self._events = self._events, []
         return {"events": events, "updates": self.updates, "exchanges": self.exchanges,
                 "bytes_exchange": self.bytes_exchange, "version": self.version,
+                **({"similarity": self.schedule.state()} if self.schedule is not None else {}),
                 **({"dataplane": self.ina.counters()} if self.ina is not None else {})}
 
     def save(self, folder: str) -> dict[str, Any]:
@@ -356,6 +467,13 @@ class Worker:
         # positions within the shard permute exactly like the sim backend's shard indices
         self.stream = BatchStream(shard, np.arange(len(y)), cfg.data.batch_size, cfg.run.seed, worker)
         self.codec = self._codec()
+        self.slices = [slice(t.offset, t.offset + t.numel) for t in self.engine.layout]
+        self.local: LocalModel | None = None  # SIM: this worker's own model copy and a codec for its changes
+        self.delta_codec: GradientCodec | None = None
+        if cfg.compression.similarity.enabled:
+            params, buffers = self.engine.initial_state()
+            self.local = LocalModel(params.cpu(), buffers.cpu(), cfg.optimizer, self.engine.layout)
+            self.delta_codec = self._codec(salt=7919)
         self.stragglers = StragglerModel(cfg.cluster.stragglers, cfg.cluster.workers, cfg.run.seed)
         c = cfg.cluster
         self.link = Link(c.latency_ms / 1e3, c.link_gbps * 1e9, c.emulate)
@@ -380,9 +498,9 @@ class Worker:
     def _device(gpus: float) -> torch.device:
         return torch.device("cuda") if gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
 
-    def _codec(self) -> GradientCodec | None:
+    def _codec(self, salt: int = 0) -> GradientCodec | None:
         method, seed = self.cfg.compression.method, self.cfg.run.seed
-        compressor = make_compressor(method, seed=(seed * 1_000_003 + self.w) % 2**31)
+        compressor = make_compressor(method, seed=(seed * 1_000_003 + self.w + salt) % 2**31)
         if compressor is None:
             return None
         # as in the sim backend: error feedback only for biased compressors
@@ -405,6 +523,11 @@ class Worker:
 
     def set_speed(self, speed: float) -> None:
         self.speed = speed
+
+    def set_lr(self, lr: float) -> None:
+        """A learning-rate decay: SIM's local optimizer follows the server's."""
+        if self.local is not None:
+            self.local.set_lr(lr)
 
     def set_ina(self, name: str, node: str, fan_in: int, fragment_size: int, timeout: float, handle: Any,
                 rate_bps: float, run_id: str) -> None:
@@ -477,16 +600,18 @@ class Worker:
             elapsed = time.perf_counter() - start
             waited += reply["wait_s"]
             real = elapsed - reply["wait_s"]
-            pad = self.link.seconds(self.download_bytes) - real
+            pad = self.link.seconds(reply.get("nbytes", self.download_bytes)) - real
             if pad > 0:
                 await asyncio.sleep(pad)
             return route, reply, waited, max(real, 0.0) + max(pad, 0.0)
         return None
 
-    def _compute(self, reply: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, int, float]:
-        """The real gradient on the pulled parameters, compressed: (grad, buffer delta, bytes, loss)."""
+    def _compute(self, reply: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, int, float, dict[str, Any] | None]:
+        """The real gradient on the pulled parameters, compressed: (grad, buffer delta, bytes, loss, SIM part)."""
         if self._fail_next:
             raise RuntimeError(f"worker {self.w}: injected failure")
+        if "plan" in reply:
+            return self._sim_compute(reply)
         params = _tensor(reply["params"]).to(self.device)
         buffers = _tensor(reply["buffers"]).to(self.device)
         x, y = self.stream.next()
@@ -496,10 +621,41 @@ class Worker:
         if self.codec is not None:
             grad, nbytes = self.codec.encode(grad, self.density)
         nbytes += 4 * buffer_delta.numel()
-        return grad.numpy(), buffer_delta.numpy(), nbytes, loss
+        return grad.numpy(), buffer_delta.numpy(), nbytes, loss, None
+
+    def _sim_compute(self, reply: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, int, float, dict[str, Any]]:
+        """SIM (as the sim backend's _pull + _sim_push): take the fresh tensors, compute on the local model, step
+        it; send gradients of tensors pulled fresh, local changes of tensors re-synchronised now (packed)."""
+        local = self.local
+        assert local is not None
+        fresh, plan = tuple(reply["fresh"]), tuple(reply["plan"])
+        local.pull(unpack(reply["params"], fresh, self.slices, local.params.numel()), fresh)
+        buffers = _tensor(reply["buffers"]).to(self.device)
+        x, y = self.stream.next()
+        grad, buffer_delta, loss = self.engine.gradient(local.params.to(self.device), buffers, x.to(self.device),
+                                                        y.to(self.device))
+        grad, buffer_delta = grad.cpu(), buffer_delta.cpu()
+        local.step(grad)
+        grad_mask = tuple(p and f for p, f in zip(plan, fresh))
+        delta_mask = tuple(p and not f for p, f in zip(plan, fresh))
+        sent_grad, grad_bytes = self._encode(self.codec, grad, grad_mask)
+        sent_delta, delta_bytes = (torch.zeros_like(grad), 0)
+        if any(delta_mask):
+            sent_delta, delta_bytes = self._encode(self.delta_codec, local.change(), delta_mask)
+        sim = {"delta": pack(sent_delta, delta_mask, self.slices), "grad_mask": grad_mask, "delta_mask": delta_mask,
+               "clock": reply["clock"]}
+        nbytes = grad_bytes + delta_bytes + 4 * buffer_delta.numel()
+        return pack(sent_grad, grad_mask, self.slices), buffer_delta.numpy(), nbytes, loss, sim
+
+    def _encode(self, codec: GradientCodec | None, vector: torch.Tensor,
+                send: tuple[bool, ...]) -> tuple[torch.Tensor, int]:
+        """The tensors marked in ``send``, compressed if a compressor is configured, and their bytes."""
+        if codec is not None:
+            return codec.encode(vector, self.density, send)
+        return vector, 4 * sum(sl.stop - sl.start for sl, take in zip(self.slices, send) if take)
 
     async def _push(self, route: Route, version: int, grad: np.ndarray | None, delta: np.ndarray,
-                    nbytes: int) -> tuple[dict[str, Any], float, float] | None:
+                    nbytes: int, sim: dict[str, Any] | None = None) -> tuple[dict[str, Any], float, float] | None:
         """Upload (link-padded), re-sending to the new server if this worker moved; (reply, wait_s, comm_s)."""
         pad = self.push_link.seconds(nbytes) - self._push_estimate
         comm = max(pad, 0.0)
@@ -519,7 +675,7 @@ class Worker:
             if target.server != route.server:
                 pulled_version = None  # staleness is only defined on the server it pulled from
             start = time.perf_counter()
-            reply = await target.handle.push.remote(self.w, pulled_version, grad, delta)
+            reply = await target.handle.push.remote(self.w, pulled_version, grad, delta, sim)
             elapsed = time.perf_counter() - start
             if reply["status"] == STOP:
                 return None
@@ -537,7 +693,7 @@ class Worker:
             return False
         route, reply, waited, pull_s = pulled
         start = time.perf_counter()
-        grad, delta, nbytes, loss = self._compute(reply)
+        grad, delta, nbytes, loss, sim = self._compute(reply)
         real = time.perf_counter() - start
         compute = real
         if self.cfg.cluster.emulate:
@@ -545,7 +701,7 @@ class Worker:
             if target > real:
                 await asyncio.sleep(target - real)
             compute = max(target, real)
-        pushed = await self._push(route, reply["version"], grad, delta, nbytes)
+        pushed = await self._push(route, reply["version"], grad, delta, nbytes, sim)
         if pushed is None:
             return False
         answer, push_wait, push_s = pushed
@@ -554,5 +710,6 @@ class Worker:
             "clock": answer["clock"], "staleness": answer["staleness"], "compute_s": round(compute, 6),
             "compute_real_s": round(real, 6), "wait_s": round(waited + push_wait, 6),
             "comm_s": round(pull_s + push_s, 6), "loss": round(loss, 6), "bytes_up": nbytes,
+            "bytes_down": reply.get("nbytes", self.download_bytes),
         })
         return True
