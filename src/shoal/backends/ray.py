@@ -39,7 +39,7 @@ from shoal.backends.ray_actors import GroupServer, Link, Worker
 from shoal.backends.ray_switch import SERVER, SwitchActor, worker_name
 from shoal.cluster.grouping import choose_groups
 from shoal.compress import GDTopKSchedule
-from shoal.compress.similarity import SimilaritySchedule
+from shoal.compress.similarity import SimilaritySchedule, similarity_summary
 from shoal.config import BackendConfig, Config, ConfigError
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
 from shoal.engine.setup import RunSetup
@@ -905,10 +905,7 @@ class RayBackend:
     @staticmethod
     def _similarity_summary(totals: list[dict[str, Any]]) -> dict[str, Any]:
         """SIM's final state per group server, and the bytes it saved in all (as the sim backend's summary)."""
-        states = [t["similarity"] for t in totals if "similarity" in t]
-        if not states:
-            return {}
-        return {"similarity": states, "bytes_saved_sim": sum(sum(st["bytes_saved"]) for st in states)}
+        return similarity_summary([t["similarity"] for t in totals if "similarity" in t])
 
     def _groups(self) -> list[list[int]]:
         if self.gssp is not None:

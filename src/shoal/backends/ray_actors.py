@@ -346,15 +346,9 @@ class GroupServer:
         """SIM: feed the schedule every clock all members have pushed; a `sim` event per such clock."""
         if self.schedule is None or self.policy is None:
             return
-        done = sorted(c for c in self._meters if c < self.policy.min_clock)
-        for clock in done:
-            meter = self._meters.pop(clock)
-            for i in meter.count:
-                if (similarity := meter.similarity(i)) is not None:
-                    self.schedule.observe(i, similarity, clock)
+        for clock in self.schedule.finish_clocks(self._meters, self.policy.min_clock):
             self._events.append({"event": "sim", "t": round(time.time() - self.t0, 6), "group": self.index,
                                  "clock": clock, **self.schedule.state()})
-        self.schedule.forget_before(self.policy.min_clock - 1)
 
     def _apply_aggregated(self, count: int) -> bool:
         """The data plane's sum of this round (every worker pulled ``version``), as BSP applies ``count`` gradients.

@@ -26,7 +26,7 @@ import torch
 from shoal.cluster import StragglerModel
 from shoal.backends.local_model import LocalModel
 from shoal.compress import GDTopKSchedule, GradientCodec, make_compressor
-from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
+from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule, similarity_summary
 from shoal.config import Config
 from shoal.engine.cost import SharedLink
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
@@ -152,14 +152,7 @@ class SimServer:
         """Feed the schedule every clock all members have pushed; return those clocks."""
         if self.schedule is None:
             return []
-        done = sorted(c for c in self._meters if c < self.policy.min_clock)
-        for clock in done:
-            meter = self._meters.pop(clock)
-            for i in meter.count:
-                if (similarity := meter.similarity(i)) is not None:
-                    self.schedule.observe(i, similarity, clock)
-        self.schedule.forget_before(self.policy.min_clock - 1)
-        return done
+        return self.schedule.finish_clocks(self._meters, self.policy.min_clock)
 
     def _wake(self) -> None:
         while self._waiters and self._waiters[0][0] <= self.policy.min_clock:
@@ -580,10 +573,7 @@ class SimBackend:
 
     def _similarity_summary(self) -> dict[str, Any]:
         """SIM's final state per group server, and the bytes it saved in all."""
-        states = [s.schedule.state() for s in self.servers if s.schedule is not None]
-        if not states:
-            return {}
-        return {"similarity": states, "bytes_saved_sim": sum(sum(st["bytes_saved"]) for st in states)}
+        return similarity_summary([s.schedule.state() for s in self.servers if s.schedule is not None])
 
     def _groups(self) -> list[list[int]]:
         if self.gssp is not None:

@@ -116,6 +116,17 @@ class SimilaritySchedule:
         else:
             t.tau = min(t.tau + 1, self.max_period)
 
+    def finish_clocks(self, meters: dict[int, "SimilarityMeter"], min_clock: int) -> list[int]:
+        """Feed the measurements of every clock all members have passed (below ``min_clock``); return those clocks."""
+        done = sorted(c for c in meters if c < min_clock)
+        for clock in done:
+            meter = meters.pop(clock)
+            for i in meter.count:
+                if (similarity := meter.similarity(i)) is not None:
+                    self.observe(i, similarity, clock)
+        self.forget_before(min_clock - 1)
+        return done
+
     def reset(self) -> None:
         """Back to aggregating everything every clock (e.g. at a learning-rate decay)."""
         for t in self.tensors:
@@ -176,3 +187,10 @@ class SimilarityMeter:
         if norm == 0:
             return None
         return float(torch.dot(self.unit[index], total)) / (norm * self.count[index])
+
+
+def similarity_summary(states: list[dict[str, list]]) -> dict[str, object]:
+    """The summary.json fields of SIM: each group server's final state and the bytes saved in all."""
+    if not states:
+        return {}
+    return {"similarity": states, "bytes_saved_sim": sum(sum(st["bytes_saved"]) for st in states)}
