@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -214,3 +215,27 @@ def test_seeds_give_medians_and_unlogged_runs_say_so(tmp_path):
     assert CliRunner().invoke(app, args).exit_code == 2
     again = CliRunner().invoke(app, args + ["--overwrite"])
     assert again.exit_code == 0, again.output
+
+
+def test_report_rebuilds_the_page_from_the_folder_alone(compared, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(compared[0], out)  # the fixture's folder is shared with other tests
+    (out / "report.html").unlink()
+    for png in out.glob("*.png"):
+        png.unlink()
+    result = shoal("report", str(out))
+    assert result.returncode == 0, result.stderr
+    assert (out / "report.html").read_text().count("<img") >= 2
+
+
+@pytest.mark.parametrize("damage, message", [("nothing", "no compare.json"), ("json", "not a shoal compare result"),
+                                             ("run", "is missing")])
+def test_report_on_a_bad_folder_is_one_line_and_exit_2(tmp_path, damage, message):
+    folder = tmp_path / "c"
+    folder.mkdir()
+    if damage == "json":
+        (folder / "compare.json").write_text("{not json")
+    if damage == "run":
+        (folder / "compare.json").write_text(json.dumps({"rows": [{"scheme": "bsp", "run_dir": "bsp"}]}))
+    result = shoal("report", str(folder))
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

@@ -11,6 +11,7 @@ import sys
 import typer
 
 from shoal.commands.compare import compare
+from shoal.commands.report import report
 from shoal.commands.route import route
 from shoal.commands.train import train
 
@@ -22,6 +23,7 @@ app = typer.Typer(
 )
 app.command("train")(train)
 app.command("compare")(compare)
+app.command("report")(report)
 app.command("route")(route)
 
 
