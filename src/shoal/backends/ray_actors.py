@@ -41,7 +41,8 @@ from shoal.backends import checkpoint
 from shoal.backends.local_model import LocalModel
 from shoal.backends.ray_switch import ServerSide, WorkerSide
 from shoal.cluster import StragglerModel
-from shoal.compress import GradientCodec, make_compressor
+from shoal.compress import GradientCodec
+from shoal.compress.codec import DELTA_SALT, worker_codec
 from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
 from shoal.config import Config, OptimizerConfig
 from shoal.data import BatchStream, Dataset
@@ -467,7 +468,7 @@ class Worker:
         if cfg.compression.similarity.enabled:
             params, buffers = self.engine.initial_state()
             self.local = LocalModel(params.cpu(), buffers.cpu(), cfg.optimizer, self.engine.layout)
-            self.delta_codec = self._codec(salt=7919)
+            self.delta_codec = self._codec(salt=DELTA_SALT)
         self.stragglers = StragglerModel(cfg.cluster.stragglers, cfg.cluster.workers, cfg.run.seed)
         c = cfg.cluster
         self.link = Link(c.latency_ms / 1e3, c.link_gbps * 1e9, c.emulate)
@@ -493,13 +494,7 @@ class Worker:
         return torch.device("cuda") if gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
 
     def _codec(self, salt: int = 0) -> GradientCodec | None:
-        method, seed = self.cfg.compression.method, self.cfg.run.seed
-        compressor = make_compressor(method, seed=(seed * 1_000_003 + self.w + salt) % 2**31)
-        if compressor is None:
-            return None
-        # as in the sim backend: error feedback only for biased compressors
-        feedback = self.cfg.compression.error_feedback and not compressor.unbiased
-        return GradientCodec(compressor, self.engine.layout, feedback)
+        return worker_codec(self.cfg.compression, self.cfg.run.seed, self.w, self.engine.layout, salt)
 
     # -- control (called by the driver) -------------------------------------------------
 

@@ -25,7 +25,8 @@ import torch
 
 from shoal.cluster import StragglerModel
 from shoal.backends.local_model import LocalModel
-from shoal.compress import GDTopKSchedule, GradientCodec, make_compressor
+from shoal.compress import GDTopKSchedule, GradientCodec
+from shoal.compress.codec import DELTA_SALT, worker_codec
 from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule, similarity_summary
 from shoal.config import Config
 from shoal.engine.cost import SharedLink
@@ -187,7 +188,7 @@ class SimBackend:
         self.servers = [self._make_server(policy, self._initial_replica(), self._new_schedule())]
         self.codecs = self._make_codecs()
         self.locals = self._make_local_models()
-        self.delta_codecs = self._make_codecs(salt=7919) if self.locals else []
+        self.delta_codecs = self._make_codecs(salt=DELTA_SALT) if self.locals else []
         self.force_pull: set[int] = set()
         plan = setup.aggregation
         self._switch_links = {s: SharedLink(self.env, bps) for s, bps in plan.switch_bps.items()} if plan else {}
@@ -225,15 +226,9 @@ class SimBackend:
         return [LocalModel(params, buffers, self.cfg.optimizer, self.setup.engine.layout) for _ in self.stats]
 
     def _make_codecs(self, salt: int = 0) -> list[GradientCodec]:
-        method, seed = self.cfg.compression.method, self.cfg.run.seed
-        compressors = [make_compressor(method, seed=(seed * 1_000_003 + w + salt) % 2**31) for w in range(len(self.stats))]
-        if compressors[0] is None:
-            return []
-        # Error feedback accumulates what a compressor dropped; for an unbiased
-        # compressor that is its variance, which feedback amplifies (measured: the
-        # residual of scaled randk grows without bound), so only biased ones use it.
-        feedback = self.cfg.compression.error_feedback and not compressors[0].unbiased
-        return [GradientCodec(c, self.setup.engine.layout, feedback) for c in compressors]
+        codecs = [worker_codec(self.cfg.compression, self.cfg.run.seed, w, self.setup.engine.layout, salt)
+                  for w in range(len(self.stats))]
+        return [c for c in codecs if c is not None]
 
     def epoch(self) -> float:
         """Global epochs done so far (all workers' samples over the training set)."""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from shoal.compress.base import Compressor, Memory, NoMemory, ResidualMemory
+from shoal.config import CompressionConfig
 from shoal.compress.quantize import FP16, QSGD
 from shoal.compress.sparsify import DGC, RandK, TopK
 from shoal.engine.gradients import TensorSlot
@@ -58,3 +59,21 @@ class GradientCodec:
     def nominal_bytes(self, density: float) -> int:
         """Payload bytes of one push without a gradient (cost mode)."""
         return sum(self.compressor.nominal_bytes(slot.numel, density) for slot in self.layout)
+
+
+#: seed offset of the second codec a SIM worker keeps for its local changes
+DELTA_SALT = 7919
+
+
+def worker_codec(compression: CompressionConfig, seed: int, worker: int, layout: Sequence[TensorSlot],
+                 salt: int = 0) -> GradientCodec | None:
+    """The codec of one worker (None without a compressor); both backends build theirs here.
+
+    Error feedback accumulates what a compressor dropped; for an unbiased
+    compressor that is its variance, which feedback amplifies (measured: the
+    residual of scaled randk grows without bound), so only biased ones use it.
+    """
+    compressor = make_compressor(compression.method, seed=(seed * 1_000_003 + worker + salt) % 2**31)
+    if compressor is None:
+        return None
+    return GradientCodec(compressor, layout, compression.error_feedback and not compressor.unbiased)
