@@ -21,6 +21,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from shoal.report.rows import median_time
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TARGET = 0.90
@@ -98,24 +100,17 @@ def _similarity_stats(sims: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per method: medians over seeds, and ratios against dense."""
     rows = []
     dense = [r for r in runs if r["method"] == "dense"]
+    base = aggregate_one(dense) if dense else None
     for method in METHODS:
         mine = [r for r in runs if r["method"] == method]
         if not mine:
             continue
-        ttt = sorted((r["time_to_target_s"] if r["time_to_target_s"] is not None else float("inf")) for r in mine)
-        median_ttt = ttt[len(ttt) // 2]
-        row = {
-            "method": method,
-            "time_to_target_s": None if median_ttt == float("inf") else median_ttt,
-            "per_seed_time_to_target_s": [r["time_to_target_s"] for r in mine],
-            "final_accuracy": statistics.median(r["final_accuracy"] for r in mine),
-            "bytes_up": statistics.median(r["bytes_up"] for r in mine),
-            "bytes_down": statistics.median(r["bytes_down"] for r in mine),
-        }
-        if dense:
-            base = aggregate_one(dense)
+        row = {"method": method, **aggregate_one(mine),
+               "per_seed_time_to_target_s": [r["time_to_target_s"] for r in mine]}
+        if base is not None:
             row["bytes_vs_dense"] = (row["bytes_up"] + row["bytes_down"]) / (base["bytes_up"] + base["bytes_down"])
             row["speedup_vs_dense"] = (base["time_to_target_s"] / row["time_to_target_s"]
                                        if base["time_to_target_s"] and row["time_to_target_s"] else None)
@@ -125,10 +120,9 @@ def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def aggregate_one(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    ttt = sorted((r["time_to_target_s"] if r["time_to_target_s"] is not None else float("inf")) for r in runs)
-    median = ttt[len(ttt) // 2]
+    """Medians over seeds; a seed that never reached the target counts as slowest."""
     return {
-        "time_to_target_s": None if median == float("inf") else median,
+        "time_to_target_s": median_time([r["time_to_target_s"] for r in runs]),
         "final_accuracy": statistics.median(r["final_accuracy"] for r in runs),
         "bytes_up": statistics.median(r["bytes_up"] for r in runs),
         "bytes_down": statistics.median(r["bytes_down"] for r in runs),

@@ -28,6 +28,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from shoal.report.rows import median_time
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TARGET = 0.90
@@ -80,12 +82,11 @@ def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         mine = [r for r in runs if r["plan"] == plan]
         if not mine:
             continue
-        ttt = sorted(r["time_to_target_s"] if r["time_to_target_s"] is not None else float("inf") for r in mine)
         rows.append({
             "plan": plan,
             "push_ms": 1e3 * statistics.median(r["push_s"] for r in mine),
             "round_ms": 1e3 * statistics.median(r["round_s"] for r in mine),
-            "time_to_target_s": None if ttt[len(ttt) // 2] == float("inf") else ttt[len(ttt) // 2],
+            "time_to_target_s": median_time([r["time_to_target_s"] for r in mine]),
             "final_accuracy": statistics.median(r["final_accuracy"] for r in mine),
             "rate_gbps": [r["rate_gbps"] for r in mine],
         })

@@ -11,9 +11,10 @@ pushes. Time is wall-clock time since the actors were ready.
 Local by default: with no ``backend.address`` an embedded Ray instance is
 started on 127.0.0.1 only, without a dashboard, and shut down at the end.
 
-Shared with the sim backend (kept in step by hand; a common module would
-hold them): the GDTopK density rule (``_density``), the codec set-up, the
-GSSP split/regroup bookkeeping and the summary extras.
+Shared with the sim backend through the pure modules: GSSP built from the
+config, the GDTopK group density, the worker codec, SIM's clock finishing
+and summary. Still kept in step by hand: the GSSP split/regroup bookkeeping
+and the other summary extras.
 """
 
 from __future__ import annotations
@@ -222,8 +223,7 @@ class RayBackend:
         self.speeds = list(self.profile.speeds)
         self.stats = [WorkerStats(id=w, group=0, speed=self.speeds[w]) for w in range(self.n)]
         self.gssp = gssp_from_config(self.cfg.sync, self.n) if self.cfg.sync.scheme == "gssp" else None
-        gd = self.cfg.compression.gdtopk
-        self.schedule = GDTopKSchedule(gd.initial_density, gd.warmup_epochs, gd.final_density_fast, gd.final_density_slow)
+        self.schedule = GDTopKSchedule.from_config(self.cfg.compression.gdtopk)
         self.servers: list[Any] = []
         self.spares: list[Any] = []
         self.plan = setup.aggregation  # in-network aggregation ([network] aggregation = "ina"), else None
@@ -459,13 +459,11 @@ class RayBackend:
         """Upload density of ``worker`` now: fixed for topk, scheduled per group for gdtopk (as in sim)."""
         if self.cfg.compression.method != "gdtopk":
             return self.cfg.compression.density
-        epoch = self.recorder.iterations * self.cfg.data.batch_size / max(1, self.setup.n_train)
-        times = self.gssp.profiler.times() if self.gssp is not None and self.gssp.grouped else []
-        if not times or min(times) <= 0:
-            return self.schedule.density(epoch, 1.0, 1.0, 1.0)
+        epoch = self.setup.epochs(self.recorder.iterations)
+        if self.gssp is None or not self.gssp.grouped:
+            return self.schedule.group_density(epoch, [], [])
         members = self.gssp.groups[self.gssp.server_of[worker]] or [worker]
-        group_time = float(sorted(times[m] for m in members)[len(members) // 2])
-        return self.schedule.density(epoch, group_time, min(times), max(times))
+        return self.schedule.group_density(epoch, self.gssp.profiler.times(), members)
 
     # -- the driver loop -----------------------------------------------------------------
 
@@ -575,7 +573,7 @@ class RayBackend:
                 self._regroup_mark = self.recorder.iterations // self.n
                 if moves := self.gssp.check_regroup():
                     self._regroup(moves)
-        epoch = self.recorder.iterations * self.cfg.data.batch_size / max(1, self.setup.n_train)
+        epoch = self.setup.epochs(self.recorder.iterations)
         lr = self.cfg.optimizer.lr_at(epoch)
         if lr != self.lr:
             self.lr = lr

@@ -30,6 +30,7 @@ import itertools
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -574,25 +575,36 @@ class Worker:
 
     async def _pull(self) -> tuple[Route, dict[str, Any], float, float] | None:
         """Gate + pull on the current route; (route, reply, wait_s, comm_s), None when stopping."""
-        waited = 0.0
+        answered = await self._routed(lambda route: route.handle.pull.remote(self.w))
+        if answered is None:
+            return None
+        route, reply, moved_s, elapsed = answered
+        real = elapsed - reply["wait_s"]
+        pad = self.link.seconds(reply.get("nbytes", self.download_bytes)) - real
+        if pad > 0:
+            await asyncio.sleep(pad)
+        return route, reply, moved_s + reply["wait_s"], max(real, 0.0) + max(pad, 0.0)
+
+    async def _routed(self, call: Callable[[Route], Any]) -> tuple[Route, dict[str, Any], float, float] | None:
+        """``call`` the current route's server, following MOVED answers (wait for the new route, retry).
+
+        Returns (route, reply, seconds lost on moved attempts, seconds of the answered call); None on
+        STOP or when stopping.
+        """
+        moved_s = 0.0
         while not self._stopping:
             assert self.route is not None
             route = self.route
             start = time.perf_counter()
-            reply = await route.handle.pull.remote(self.w)
+            reply = await call(route)
+            elapsed = time.perf_counter() - start
             if reply["status"] == STOP:
                 return None
             if reply["status"] == MOVED:
                 await self._await_route(route.epoch)
-                waited += time.perf_counter() - start
+                moved_s += time.perf_counter() - start
                 continue
-            elapsed = time.perf_counter() - start
-            waited += reply["wait_s"]
-            real = elapsed - reply["wait_s"]
-            pad = self.link.seconds(reply.get("nbytes", self.download_bytes)) - real
-            if pad > 0:
-                await asyncio.sleep(pad)
-            return route, reply, waited, max(real, 0.0) + max(pad, 0.0)
+            return route, reply, moved_s, elapsed
         return None
 
     def _compute(self, reply: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, int, float, dict[str, Any] | None]:
@@ -656,25 +668,19 @@ class Worker:
                 return None
             comm += time.perf_counter() - start
             grad = None
-        waited = 0.0
-        pulled_version: int | None = version
-        while not self._stopping:
-            assert self.route is not None
-            target = self.route
-            if target.server != route.server:
-                pulled_version = None  # staleness is only defined on the server it pulled from
-            start = time.perf_counter()
-            reply = await target.handle.push.remote(self.w, pulled_version, grad, delta, sim)
-            elapsed = time.perf_counter() - start
-            if reply["status"] == STOP:
-                return None
-            if reply["status"] == MOVED:
-                await self._await_route(target.epoch)
-                waited += time.perf_counter() - start
-                continue
-            self._push_estimate = 0.8 * self._push_estimate + 0.2 * elapsed
-            return reply, waited, comm + elapsed
-        return None
+        moved_away = False  # staleness is only defined on the server it pulled from
+
+        def push(target: Route) -> Any:
+            nonlocal moved_away
+            moved_away = moved_away or target.server != route.server
+            return target.handle.push.remote(self.w, None if moved_away else version, grad, delta, sim)
+
+        answered = await self._routed(push)
+        if answered is None:
+            return None
+        _, reply, moved_s, elapsed = answered
+        self._push_estimate = 0.8 * self._push_estimate + 0.2 * elapsed
+        return reply, moved_s, comm + elapsed
 
     async def _iteration(self) -> bool:
         pulled = await self._pull()

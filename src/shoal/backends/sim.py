@@ -193,8 +193,7 @@ class SimBackend:
         plan = setup.aggregation
         self._switch_links = {s: SharedLink(self.env, bps) for s, bps in plan.switch_bps.items()} if plan else {}
         self._switch_streams: dict[tuple[str, int], list[Any]] = {}
-        gd = self.cfg.compression.gdtopk
-        self.schedule = GDTopKSchedule(gd.initial_density, gd.warmup_epochs, gd.final_density_fast, gd.final_density_slow)
+        self.schedule = GDTopKSchedule.from_config(self.cfg.compression.gdtopk)
         self.exchanges = 0
         self.bytes_exchange = 0.0
         self.stop = self.env.event()
@@ -231,20 +230,17 @@ class SimBackend:
         return [c for c in codecs if c is not None]
 
     def epoch(self) -> float:
-        """Global epochs done so far (all workers' samples over the training set)."""
-        return self.recorder.iterations * self.cfg.data.batch_size / max(1, self.setup.n_train)
+        """Global epochs done so far."""
+        return self.setup.epochs(self.recorder.iterations)
 
     def density(self, worker: int) -> float:
         """Upload density of ``worker`` now: fixed for topk, scheduled per group for gdtopk."""
         if self.cfg.compression.method != "gdtopk":
             return self.cfg.compression.density
-        epoch = self.epoch()
-        times = self.gssp.profiler.times() if self.gssp is not None and self.gssp.grouped else []
-        if not times or min(times) <= 0:
-            return self.schedule.density(epoch, 1.0, 1.0, 1.0)
+        if self.gssp is None or not self.gssp.grouped:
+            return self.schedule.group_density(self.epoch(), [], [])
         members = self.gssp.groups[self.gssp.server_of[worker]]
-        group_time = float(sorted(times[m] for m in members)[len(members) // 2])
-        return self.schedule.density(epoch, group_time, min(times), max(times))
+        return self.schedule.group_density(self.epoch(), self.gssp.profiler.times(), members)
 
     def _make_server(self, policy: SyncPolicy, replica: Replica | None,
                      schedule: SimilaritySchedule | None = None) -> SimServer:

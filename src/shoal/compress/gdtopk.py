@@ -12,7 +12,10 @@ schedule is pure: the backend asks it for a density and applies it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from shoal.config import GDTopKConfig
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,10 @@ class GDTopKSchedule:
     warmup_epochs: float = 1.0
     final_fast: float = 0.004
     final_slow: float = 0.015
+
+    @classmethod
+    def from_config(cls, gd: GDTopKConfig) -> "GDTopKSchedule":
+        return cls(gd.initial_density, gd.warmup_epochs, gd.final_density_fast, gd.final_density_slow)
 
     def final_density(self, group_time: float, fastest: float, slowest: float) -> float:
         """Final density of a group whose iteration time is ``group_time``."""
@@ -37,3 +44,14 @@ class GDTopKSchedule:
             return final
         progress = epoch / self.warmup_epochs
         return final * (self.initial_density / final) ** (1.0 - progress)
+
+    def group_density(self, epoch: float, times: Sequence[float], members: Sequence[int]) -> float:
+        """Density of the group ``members`` (indices into every worker's iteration ``times``).
+
+        The group's time is its members' median; before any time is known
+        (GSSP still profiling) every group gets the fastest group's setting.
+        """
+        if not times or min(times) <= 0:
+            return self.density(epoch, 1.0, 1.0, 1.0)
+        group_time = float(sorted(times[m] for m in members)[len(members) // 2])
+        return self.density(epoch, group_time, min(times), max(times))

@@ -39,6 +39,10 @@ class RunSetup:
     def n_train(self) -> int:
         return len(self.dataset.y_train)
 
+    def epochs(self, iterations: int) -> float:
+        """Global epochs after ``iterations`` worker iterations (all workers' samples over the training set)."""
+        return iterations * self.cfg.data.batch_size / max(1, self.n_train)
+
     @property
     def num_buffer_values(self) -> int:
         return self.engine.num_buffer_values
