@@ -107,7 +107,7 @@ def test_qsgd_bytes_and_levels(numel, levels, bucket):
     norms = payload.tensors[0].repeat_interleave(d)[:numel]
     level = y.abs() / torch.where(norms > 0, norms, 1) * levels
     assert torch.allclose(level, level.round(), atol=1e-3 * max(1, levels) ** 0.5)
-    assert (level <= levels + 1e-3).all()
+    assert (level <= levels + 1e-3 * max(1, levels) ** 0.5).all()  # float32 rounding grows with the level
     assert ((y == 0) | (torch.sign(y) == torch.sign(x))).all()
     # stochastic rounding moves each value by less than one level step
     assert ((y - x).abs() <= norms / levels * (1 + 1e-4) + 1e-6).all()

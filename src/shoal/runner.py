@@ -66,6 +66,8 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
     with open(out / "metrics.jsonl", "a" if in_place else "w") as stream:
         recorder = RunRecorder(stream=stream, log_iterations=cfg.backend.log_iterations)
         summary = run_backend(setup, recorder, progress, out=out, resume=resume)
+    if setup.streams:
+        summary["data_partition"] = setup.partition_summary()
     if setup.compute_s_measured is not None:
         summary["compute_s_measured"] = setup.compute_s_measured
     write_json_atomic(out / "summary.json", summary)

@@ -67,8 +67,12 @@ def save_replica(folder: Path, name: str, replica: Replica, meta: dict[str, Any]
     return manifest
 
 
-def load_replica(folder: Path, name: str, opt: OptimizerConfig) -> tuple[Replica, dict[str, Any]]:
-    """The replica (with its optimizer state) and the manifest saved by ``save_replica``."""
+def load_replica(folder: Path, name: str, opt: OptimizerConfig,
+                 outer: tuple[float, float] | None = None) -> tuple[Replica, dict[str, Any]]:
+    """The replica (with its optimizer state) and the manifest saved by ``save_replica``.
+
+    DiLoCo's outer momentum is not saved: a resumed run restarts it.
+    """
     manifest = json.loads((folder / f"{name}.json").read_text())
     if manifest.get("format") != FORMAT:
         raise ConfigError(f"{folder / name}.json: not a {FORMAT} checkpoint")
@@ -77,7 +81,7 @@ def load_replica(folder: Path, name: str, opt: OptimizerConfig) -> tuple[Replica
         raise ConfigError(f"{path}: checksum does not match its manifest (corrupt or partial checkpoint)")
     tensors = load_file(str(path))
     track_own = "own_params" in tensors
-    replica = Replica(tensors["params"], tensors["buffers"], opt, track_own=track_own)
+    replica = Replica(tensors["params"], tensors["buffers"], opt, track_own=track_own, outer=outer)
     if track_own:
         replica.own_params.copy_(tensors["own_params"])
         replica.own_buffers.copy_(tensors["own_buffers"])

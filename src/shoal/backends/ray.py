@@ -36,11 +36,12 @@ import numpy as np
 import torch
 
 from shoal.backends import checkpoint
+from shoal.backends.local_model import aggregation_schedule, outer_step, uses_local_models
 from shoal.backends.ray_actors import GroupServer, Link, Worker
 from shoal.backends.ray_switch import SERVER, SwitchActor, worker_name
 from shoal.cluster.grouping import choose_groups
 from shoal.compress import GDTopKSchedule
-from shoal.compress.similarity import SimilaritySchedule, similarity_summary
+from shoal.compress.similarity import similarity_summary
 from shoal.config import BackendConfig, Config, ConfigError
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
 from shoal.engine.setup import RunSetup
@@ -282,7 +283,8 @@ class RayBackend:
     def _server_actor(self, index: int) -> Any:
         c, b = self.cfg.cluster, self.cfg.backend
         peer_link = Link(c.latency_ms / 1e3, c.server_gbps * 1e9, c.emulate)
-        args = (index, self.cfg.optimizer, 1.0 / self.n, self.cfg.sync.exchange_every, peer_link, b.torch_threads)
+        args = (index, self.cfg.optimizer, 1.0 / self.n, self.cfg.sync.exchange_every, peer_link, b.torch_threads,
+                outer_step(self.cfg))
         return self._actor(GroupServer, {"num_cpus": b.cpus_per_server, "max_concurrency": 10_000}, args)
 
     def _worker_actor(self, w: int) -> Any:
@@ -408,7 +410,8 @@ class RayBackend:
     def _initial_policies(self, resumed: dict[str, Any] | None) -> list[SyncPolicy]:
         if self.gssp is not None:
             return [self._live_policy(members) for members in self.gssp.groups]
-        return [make_policy(self.cfg.sync.scheme, range(self.n), self.cfg.sync.staleness)]
+        sync = self.cfg.sync
+        return [make_policy(sync.scheme, range(self.n), sync.staleness, sync.local_steps)]
 
     def _live_policy(self, members: list[int]) -> SSP:
         """The SSP policy a group server runs: its members that are still alive."""
@@ -428,18 +431,10 @@ class RayBackend:
         else:
             folder = str(resumed["folder"])
             ray.get([s.restore.remote(policies[g], folder, f"group-{g}", self.epoch) for g, s in enumerate(self.servers)])
-        if self.cfg.compression.similarity.enabled:  # SIM periods are not checkpointed: a resume starts them again
-            schedule = self._new_schedule()
+        schedule = aggregation_schedule(self.cfg, self.setup.engine.layout)  # built exactly as the sim builds it
+        if schedule is not None:  # SIM periods are not checkpointed: a resume starts them again
             ray.get([s.set_similarity.remote(schedule.restarted(keep_bytes=g == 0), self._slices())
                      for g, s in enumerate(self.servers)])
-
-    def _new_schedule(self) -> SimilaritySchedule:
-        """SIM's schedule, built exactly as the sim backend builds it."""
-        sim, layout = self.cfg.compression.similarity, self.setup.engine.layout
-        return SimilaritySchedule(
-            [s.name for s in layout], [s.numel for s in layout], threshold=sim.threshold, max_period=sim.max_period,
-            warmup_iterations=sim.warmup_iterations, min_numel=sim.min_numel, smoothing=sim.smoothing,
-        )
 
     def _slices(self) -> list[tuple[int, int]]:
         return [(s.offset, s.offset + s.numel) for s in self.setup.engine.layout]
@@ -448,7 +443,7 @@ class RayBackend:
         """Start ``w``'s loop on its current route."""
         self.alive.add(w)
         server = self.server_of(w)
-        if self.cfg.compression.similarity.enabled and self.lr != self.cfg.optimizer.lr:
+        if uses_local_models(self.cfg) and self.lr != self.cfg.optimizer.lr:
             self.workers[w].set_lr.remote(self.lr)  # a restarted worker's local optimizer follows the decay
         self._run_refs[self.workers[w].run.remote(self.t0, self.epoch, server, self.servers[server])] = w
 
@@ -579,7 +574,7 @@ class RayBackend:
             self.lr = lr
             for server in self.servers:
                 server.set_lr.remote(lr)  # with SIM the servers also restart their periods
-            if self.cfg.compression.similarity.enabled:
+            if uses_local_models(self.cfg):
                 for w in self.alive:
                     self.workers[w].set_lr.remote(lr)
             self.recorder.event("lr_decay", t=self.now(), epoch=round(epoch, 4), lr=lr)  # as the sim backend
@@ -713,7 +708,8 @@ class RayBackend:
         params, buffers = self.model_state()
         ds = self.setup.dataset
         accuracy, loss = self.setup.engine.evaluate(params, buffers, ds.x_test, ds.y_test)
-        self.recorder.evaluation(round(t, 6), accuracy, loss, self.cfg.run.target_accuracy)
+        self.recorder.evaluation(round(t, 6), accuracy, loss, self.cfg.run.target_accuracy,
+                                         self.cfg.run.target_patience)
         if self.recorder.time_to_target_s is not None and self.cfg.run.stop_at_target:  # also: reached before a resume
             self.stop_reason = "target_reached"
         if self.cfg.compression.method != "none" and self.gssp is not None:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from shoal.backends import checkpoint
-from shoal.backends.local_model import LocalModel
+from shoal.backends.local_model import LocalModel, uses_local_models
 from shoal.backends.ray_switch import ServerSide, WorkerSide
 from shoal.cluster import StragglerModel
 from shoal.compress import GradientCodec
@@ -50,7 +50,7 @@ from shoal.data import BatchStream, Dataset
 from shoal.engine.gradients import GradientEngine
 from shoal.engine.replica import Replica
 from shoal.models import build_model
-from shoal.sync import SyncPolicy
+from shoal.sync import PeriodicSchedule, SyncPolicy
 
 STOP, MOVED, OK = "stop", "moved", "ok"
 
@@ -92,17 +92,19 @@ class Link:
     emulate: bool
 
     def seconds(self, nbytes: float) -> float:
-        return self.latency_s + 8.0 * nbytes / self.bps if self.emulate else 0.0
+        """Nothing to send (a local step of local SGD) costs nothing, as in the sim's cost model."""
+        return self.latency_s + 8.0 * nbytes / self.bps if self.emulate and nbytes else 0.0
 
 
 class GroupServer:
     """One (group) server: replica, sync policy, buffered pushes, gate futures, delta exchange."""
 
     def __init__(self, index: int, opt: OptimizerConfig, weight: float, exchange_every: int, peer_link: Link,
-                 torch_threads: int = 1) -> None:
+                 torch_threads: int = 1, outer: tuple[float, float] | None = None) -> None:
         _quiet_readonly_numpy()
         torch.set_num_threads(torch_threads)
         self.index, self.opt, self.weight, self.exchange_every = index, opt, weight, exchange_every
+        self.outer = outer  # DiLoCo's outer step (lr, momentum) on the averaged local changes
         self.peer_link, self.t0 = peer_link, 0.0
         self.policy: SyncPolicy | None = None
         self.replica: Replica | None = None
@@ -135,12 +137,12 @@ class GroupServer:
 
     def install(self, policy: SyncPolicy, params: np.ndarray, buffers: np.ndarray, track_own: bool, epoch: int) -> None:
         """Start serving ``policy``'s workers from the given state (fresh optimizer)."""
-        self.replica = Replica(_tensor(params), _tensor(buffers), self.opt, track_own=track_own)
+        self.replica = Replica(_tensor(params), _tensor(buffers), self.opt, track_own=track_own, outer=self.outer)
         self._reset(policy, epoch)
 
     def restore(self, policy: SyncPolicy, folder: str, name: str, epoch: int) -> dict[str, Any]:
         """Start serving from a checkpoint (replica and optimizer state)."""
-        self.replica, manifest = checkpoint.load_replica(Path(folder), name, self.opt)
+        self.replica, manifest = checkpoint.load_replica(Path(folder), name, self.opt, self.outer)
         self.updates, self.exchanges = int(manifest.get("updates", 0)), int(manifest.get("exchanges", 0))
         self.bytes_exchange = int(manifest.get("bytes_exchange", 0))
         self._reset(policy, epoch)
@@ -160,8 +162,9 @@ class GroupServer:
         self._reset(policy, epoch)
         return (*self.state(), others)
 
-    def set_similarity(self, schedule: SimilaritySchedule | None, slices: list[tuple[int, int]]) -> None:
-        """SIM: the schedule this server runs and the tensors' (start, stop) in the flat vector."""
+    def set_similarity(self, schedule: SimilaritySchedule | PeriodicSchedule | None,
+                       slices: list[tuple[int, int]]) -> None:
+        """SIM, local SGD, DiLoCo: the schedule this server runs and the tensors' (start, stop) in the flat vector."""
         self.schedule = schedule
         self.slices = [slice(a, b) for a, b in slices]
         self._meters.clear()
@@ -211,8 +214,7 @@ class GroupServer:
     def set_lr(self, lr: float) -> None:
         """A learning-rate decay; SIM restarts its periods."""
         assert self.replica is not None
-        for group in self.replica.optimizer.param_groups:
-            group["lr"] = lr
+        self.replica.set_lr(lr)
         if self.schedule is not None:
             self.schedule.reset()
 
@@ -247,8 +249,10 @@ class GroupServer:
         self.schedule.record_saved(fresh)  # download
         self.schedule.record_saved(plan)  # upload
         values = pack(self.replica.params.detach(), fresh, self.slices)
-        return {"params": values, "fresh": fresh, "plan": plan, "clock": clock,
-                "nbytes": 4 * (values.size + self.replica.buffers.numel())}
+        periodic = self.schedule.periodic  # local SGD: batch-norm buffers travel only with a sync
+        buffer_values = 0 if periodic and not any(fresh) else self.replica.buffers.numel()
+        return {"params": values, "fresh": fresh, "plan": plan, "clock": clock, "periodic": periodic,
+                "nbytes": 4 * (values.size + buffer_values)}
 
     async def push(self, worker: int, pulled_version: int | None, grad: np.ndarray | None,
                    buffer_delta: np.ndarray, sim: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -336,6 +340,8 @@ class GroupServer:
                 self.replica.apply([g for g, _ in same], self.weight, frozen=frozen)
             if any(delta_mask):
                 self.replica.add_delta([d for _, d in same], self.weight)
+        if self.schedule.periodic:
+            return
         for grad, _, sim in pushes:
             meter = self._meters.setdefault(sim["clock"], SimilarityMeter())
             for i, sl in enumerate(self.slices):
@@ -466,7 +472,7 @@ class Worker:
         self.slices = [slice(t.offset, t.offset + t.numel) for t in self.engine.layout]
         self.local: LocalModel | None = None  # SIM: this worker's own model copy and a codec for its changes
         self.delta_codec: GradientCodec | None = None
-        if cfg.compression.similarity.enabled:
+        if uses_local_models(cfg):
             params, buffers = self.engine.initial_state()
             self.local = LocalModel(params.cpu(), buffers.cpu(), cfg.optimizer, self.engine.layout)
             self.delta_codec = self._codec(salt=DELTA_SALT)
@@ -645,7 +651,8 @@ class Worker:
             sent_delta, delta_bytes = self._encode(self.delta_codec, local.change(), delta_mask)
         sim = {"delta": pack(sent_delta, delta_mask, self.slices), "grad_mask": grad_mask, "delta_mask": delta_mask,
                "clock": reply["clock"]}
-        nbytes = grad_bytes + delta_bytes + 4 * buffer_delta.numel()
+        buffer_bytes = 0 if reply.get("periodic") and not any(plan) else 4 * buffer_delta.numel()
+        nbytes = grad_bytes + delta_bytes + buffer_bytes
         return pack(sent_grad, grad_mask, self.slices), buffer_delta.numpy(), nbytes, loss, sim
 
     def _encode(self, codec: GradientCodec | None, vector: torch.Tensor,

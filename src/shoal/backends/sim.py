@@ -24,10 +24,11 @@ import simpy
 import torch
 
 from shoal.cluster import StragglerModel
-from shoal.backends.local_model import LocalModel
+from shoal.backends.local_model import LocalModel, aggregation_schedule, outer_step, uses_local_models
 from shoal.compress import GDTopKSchedule, GradientCodec
 from shoal.compress.codec import DELTA_SALT, worker_codec
 from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule, similarity_summary
+from shoal.sync.localsgd import PeriodicSchedule
 from shoal.config import Config
 from shoal.engine.cost import SharedLink
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
@@ -77,7 +78,7 @@ class SimServer:
     """One (group) server on the virtual clock: replica, policy, links, buffered pushes, waiters."""
 
     def __init__(self, env: simpy.Environment, policy: SyncPolicy, replica: Replica | None, weight: float,
-                 bandwidth_bps: float, schedule: SimilaritySchedule | None = None,
+                 bandwidth_bps: float, schedule: SimilaritySchedule | PeriodicSchedule | None = None,
                  slices: list[slice] | None = None) -> None:
         self.env = env
         self.policy = policy
@@ -141,6 +142,8 @@ class SimServer:
                 self.replica.apply([p.grad for p in same], self.weight, frozen=frozen)
             if any(delta_mask):
                 self.replica.add_delta([p.delta for p in same], self.weight)
+        if self.schedule.periodic:
+            return
         for push in pushes:
             meter = self._meters.setdefault(push.clock, SimilarityMeter())
             for i, sl in enumerate(self.slices):
@@ -182,7 +185,8 @@ class SimBackend:
         self.stragglers = StragglerModel(self.cfg.cluster.stragglers, n, self.cfg.run.seed)
         self.stats = [WorkerStats(id=w, group=0, speed=self.speeds[w]) for w in range(n)]
         self.gssp = gssp_from_config(self.cfg.sync, n) if self.cfg.sync.scheme == "gssp" else None
-        policy = self.gssp.policy(0) if self.gssp else make_policy(self.cfg.sync.scheme, range(n), self.cfg.sync.staleness)
+        sync = self.cfg.sync
+        policy = self.gssp.policy(0) if self.gssp else make_policy(sync.scheme, range(n), sync.staleness, sync.local_steps)
         self.slices = [slice(s.offset, s.offset + s.numel) for s in setup.engine.layout]
         self.lr = self.cfg.optimizer.lr
         self.servers = [self._make_server(policy, self._initial_replica(), self._new_schedule())]
@@ -205,21 +209,14 @@ class SimBackend:
         if not self.setup.train_mode:
             return None
         params, buffers = self.setup.engine.initial_state()
-        return Replica(params, buffers, self.cfg.optimizer, track_own=self.gssp is not None)
+        return Replica(params, buffers, self.cfg.optimizer, track_own=self.gssp is not None, outer=outer_step(self.cfg))
 
-    def _new_schedule(self) -> SimilaritySchedule | None:
-        sim = self.cfg.compression.similarity
-        if not sim.enabled:
-            return None
-        layout = self.setup.engine.layout
-        return SimilaritySchedule(
-            [s.name for s in layout], [s.numel for s in layout], threshold=sim.threshold, max_period=sim.max_period,
-            warmup_iterations=sim.warmup_iterations, min_numel=sim.min_numel, smoothing=sim.smoothing,
-        )
+    def _new_schedule(self) -> SimilaritySchedule | PeriodicSchedule | None:
+        return aggregation_schedule(self.cfg, self.setup.engine.layout)
 
     def _make_local_models(self) -> list[LocalModel]:
-        """SIM: every worker's own model copy, for the tensors it steps locally."""
-        if not self.cfg.compression.similarity.enabled or not self.setup.train_mode:
+        """SIM, local SGD, DiLoCo: every worker's own model copy, for the tensors it steps locally."""
+        if not uses_local_models(self.cfg) or not self.setup.train_mode:
             return []
         params, buffers = self.setup.engine.initial_state()
         return [LocalModel(params, buffers, self.cfg.optimizer, self.setup.engine.layout) for _ in self.stats]
@@ -266,8 +263,9 @@ class SimBackend:
             t1 = self.env.now
             pulled_version = server.version
             pulled = self._pull(w, server)
-            yield self.env.timeout(profile.latency_s)
-            yield server.egress.transfer(pulled.nbytes, profile.link_bps)
+            if pulled.nbytes:  # a local step (local SGD between syncs) contacts nobody
+                yield self.env.timeout(profile.latency_s)
+                yield server.egress.transfer(pulled.nbytes, profile.link_bps)
             pull_s = self.env.now - t1
 
             compute = profile.compute_s * self.speeds[w] * self.stragglers.factor(w)
@@ -275,11 +273,12 @@ class SimBackend:
             yield self.env.timeout(compute)
 
             t2 = self.env.now
-            yield self.env.timeout(profile.latency_s)
-            if self.setup.aggregation is None:
-                yield self.server_of(w).ingress.transfer(push.nbytes, profile.link_bps)
-            else:
-                yield from self._push_in_network(w, server, push.nbytes, round_=pulled_version)
+            if push.nbytes:
+                yield self.env.timeout(profile.latency_s)
+                if self.setup.aggregation is None:
+                    yield self.server_of(w).ingress.transfer(push.nbytes, profile.link_bps)
+                else:
+                    yield from self._push_in_network(w, server, push.nbytes, round_=pulled_version)
             push_s = self.env.now - t2
             if self.stop.triggered:
                 return
@@ -322,7 +321,12 @@ class SimBackend:
         values = self.locals[w].pull(params, fresh)
         server.schedule.record_saved(fresh)  # download
         server.schedule.record_saved(plan)  # upload
-        return Pulled(self.locals[w].params, buffers, 4 * (values + self.setup.num_buffer_values), fresh, plan, clock)
+        buffer_values = self._buffer_values(server.schedule, fresh)
+        return Pulled(self.locals[w].params, buffers, 4 * (values + buffer_values), fresh, plan, clock)
+
+    def _buffer_values(self, schedule: SimilaritySchedule | PeriodicSchedule, moved: tuple[bool, ...]) -> int:
+        """Batch-norm values a SIM transfer carries: every time, or (local SGD) only with a sync."""
+        return 0 if schedule.periodic and not any(moved) else self.setup.num_buffer_values
 
     def _compute(self, w: int, pulled: Pulled) -> tuple[Push, float | None]:
         """The worker's push: real (compressed) gradient in train mode, sizes only in cost mode."""
@@ -350,7 +354,7 @@ class SimBackend:
         sent_delta, delta_bytes = (None, 0)
         if any(delta_mask):
             sent_delta, delta_bytes = self._encode(self.delta_codecs, w, local.change(), delta_mask)
-        nbytes = grad_bytes + delta_bytes + 4 * self.setup.num_buffer_values
+        nbytes = grad_bytes + delta_bytes + 4 * self._buffer_values(self.server_of(w).schedule, pulled.plan)
         return Push(sent_grad, buffer_delta, nbytes, sent_delta, grad_mask, delta_mask, pulled.clock)
 
     def _encode(self, codecs: list[GradientCodec], w: int, vector: torch.Tensor,
@@ -513,7 +517,8 @@ class SimBackend:
             params, buffers = self.model_state()
             ds = self.setup.dataset
             accuracy, loss = self.setup.engine.evaluate(params, buffers, ds.x_test, ds.y_test)
-            reached = self.recorder.evaluation(self.env.now, accuracy, loss, self.cfg.run.target_accuracy)
+            reached = self.recorder.evaluation(self.env.now, accuracy, loss, self.cfg.run.target_accuracy,
+                                         self.cfg.run.target_patience)
             if reached and self.cfg.run.stop_at_target:
                 self._finish("target_reached")
         if self.codecs and self.gssp is not None:

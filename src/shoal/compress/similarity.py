@@ -47,6 +47,8 @@ class SimilaritySchedule:
     >= ``threshold``, else tau = 1.
     """
 
+    periodic = False  # SIM measures and decides; sync.localsgd.PeriodicSchedule is the fixed plan
+
     def __init__(
         self,
         names: Sequence[str],
@@ -191,6 +193,7 @@ class SimilarityMeter:
 
 def similarity_summary(states: list[dict[str, list]]) -> dict[str, object]:
     """The summary.json fields of SIM: each group server's final state and the bytes saved in all."""
+    states = [s for s in states if s]
     if not states:
         return {}
     return {"similarity": states, "bytes_saved_sim": sum(sum(st["bytes_saved"]) for st in states)}

@@ -5,7 +5,8 @@
 See ``shoal.data.sources`` for the accepted specs and file layouts.
 """
 
-from shoal.data.sharding import BatchStream, shard_indices
+from shoal.data.sharding import BatchStream, class_histograms, parse_partition, partition_indices, shard_indices
 from shoal.data.sources import Dataset, load_dataset
 
-__all__ = ["BatchStream", "Dataset", "load_dataset", "shard_indices"]
+__all__ = ["BatchStream", "Dataset", "class_histograms", "load_dataset", "parse_partition", "partition_indices",
+           "shard_indices"]

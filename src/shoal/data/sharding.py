@@ -7,6 +7,8 @@ a run is reproducible whatever order the backend happens to call workers in.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -28,6 +30,83 @@ def shard_indices(n_train: int, workers: int, seed: int) -> list[np.ndarray]:
         raise ValueError(f"n_train must be non-negative, got {n_train}")
     perm = np.random.default_rng([seed % 2**64, _SHARD_PURPOSE]).permutation(n_train)
     return [shard.astype(np.int64) for shard in np.array_split(perm, workers)]
+
+
+def parse_partition(text: str) -> tuple[str, float]:
+    """``iid`` -> ("iid", 0); ``dirichlet:ALPHA`` -> ("dirichlet", ALPHA); ``classes:K`` -> ("classes", K)."""
+    kind, sep, raw = text.partition(":")
+    if kind == "iid" and not sep:
+        return "iid", 0.0
+    if kind in ("dirichlet", "classes") and sep:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if kind == "dirichlet" and math.isfinite(value) and value > 0:
+            return kind, value
+        if kind == "classes" and value.is_integer() and value >= 1:
+            return kind, value
+        need = "a finite number > 0" if kind == "dirichlet" else "a whole number >= 1"
+        raise ValueError(f"{text!r}: {kind}: needs {need}")
+    raise ValueError(f"unknown partition {text!r}; use iid, dirichlet:ALPHA or classes:K")
+
+
+def partition_indices(labels: np.ndarray, workers: int, seed: int, partition: str = "iid") -> list[np.ndarray]:
+    """Disjoint per-worker shards of the training set under ``partition`` (see ``parse_partition``).
+
+    ``dirichlet:ALPHA`` draws each class's split over workers from Dirichlet(ALPHA) (Hsu et al., 2019),
+    redrawing (up to 100 times) until every worker holds at least min(10, n / workers) samples.
+    ``classes:K`` gives worker w the classes (w*K + j) mod C for j < K and splits each class evenly over
+    the workers that hold it. Both are seeded; ``iid`` is ``shard_indices``.
+    """
+    kind, value = parse_partition(partition)
+    if kind == "iid":
+        return shard_indices(len(labels), workers, seed)
+    rng = np.random.default_rng([seed % 2**64, _SHARD_PURPOSE, 1])
+    classes = np.unique(labels)
+    by_class = {c: rng.permutation(np.flatnonzero(labels == c)) for c in classes}
+    if kind == "classes":
+        return _class_shards(by_class, workers, int(value), partition)
+    return _dirichlet_shards(by_class, workers, value, rng, len(labels), partition)
+
+
+def _class_shards(by_class: dict, workers: int, k: int, partition: str) -> list[np.ndarray]:
+    classes = sorted(by_class)
+    if k > len(classes):
+        raise ValueError(f"{partition!r}: the data has only {len(classes)} classes")
+    holders: dict = {c: [] for c in classes}
+    for w in range(workers):
+        for j in range(k):
+            holders[classes[(w * k + j) % len(classes)]].append(w)
+    if any(not h for h in holders.values()):
+        covered = sum(1 for h in holders.values() if h)
+        raise ValueError(f"{partition!r} with {workers} workers covers only {covered} of {len(classes)} classes")
+    parts: list[list[np.ndarray]] = [[] for _ in range(workers)]
+    for c, owners in holders.items():
+        for w, piece in zip(owners, np.array_split(by_class[c], len(owners))):
+            parts[w].append(piece)
+    return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+
+
+def _dirichlet_shards(by_class: dict, workers: int, alpha: float, rng: np.random.Generator, n: int,
+                      partition: str) -> list[np.ndarray]:
+    floor = min(10, n // workers)
+    for _ in range(100):
+        parts: list[list[np.ndarray]] = [[] for _ in range(workers)]
+        for idx in by_class.values():
+            shares = rng.dirichlet(np.full(workers, alpha))
+            cuts = (np.cumsum(shares)[:-1] * len(idx)).astype(int)
+            for w, piece in enumerate(np.split(idx, cuts)):
+                parts[w].append(piece)
+        shards = [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+        if min(len(s) for s in shards) >= floor:
+            return shards
+    raise ValueError(f"{partition!r}: 100 draws each left a worker with fewer than {floor} samples; raise ALPHA")
+
+
+def class_histograms(labels: np.ndarray, shards: list[np.ndarray], num_classes: int) -> list[list[int]]:
+    """Samples of each class per worker (summary.json's per-worker class histogram)."""
+    return [np.bincount(labels[s], minlength=num_classes).astype(int).tolist() for s in shards]
 
 
 class BatchStream:

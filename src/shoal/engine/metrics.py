@@ -39,6 +39,7 @@ class RunRecorder:
     bytes_down: float = 0.0
     best_accuracy: float | None = None
     time_to_target_s: float | None = None
+    _streak: list[float] = field(default_factory=list)  # times of the evaluations in a row at or above the target
 
     def event(self, kind: str, **fields: Any) -> None:
         if self.stream is not None:
@@ -49,14 +50,21 @@ class RunRecorder:
         if self.log_iterations:
             self.event("iteration", **fields)
 
-    def evaluation(self, t: float, accuracy: float, loss: float, target: float) -> bool:
-        """Record an evaluation; True the first time the target is reached."""
+    def evaluation(self, t: float, accuracy: float, loss: float, target: float, patience: int = 1) -> bool:
+        """Record an evaluation; True the first time ``patience`` evaluations in a row reached the target.
+
+        The time to target is then the first evaluation of that streak, so
+        patience makes the result trustworthy without making it later.
+        """
         record = {"t": t, "accuracy": accuracy, "loss": loss, "iterations": self.iterations}
         self.evals.append(record)
         self.event("eval", **record)
         self.best_accuracy = accuracy if self.best_accuracy is None else max(self.best_accuracy, accuracy)
-        if self.time_to_target_s is None and accuracy >= target:
-            self.time_to_target_s = t
+        if self.time_to_target_s is not None:
+            return False
+        self._streak = [*self._streak, t] if accuracy >= target else []
+        if len(self._streak) >= patience:
+            self.time_to_target_s = self._streak[0]
             return True
         return False
 

@@ -23,11 +23,18 @@ class Replica:
     delta, so replicas agree once deltas are delivered.
     """
 
-    def __init__(self, params: torch.Tensor, buffers: torch.Tensor, opt: OptimizerConfig, track_own: bool = False) -> None:
+    def __init__(self, params: torch.Tensor, buffers: torch.Tensor, opt: OptimizerConfig, track_own: bool = False,
+                 outer: tuple[float, float] | None = None) -> None:
         self.params = torch.nn.Parameter(params.detach().clone(), requires_grad=False)
         self.buffers = buffers.detach().clone()
         self.weight_decay = opt.weight_decay
+        self.lr = opt.lr
+        self.scale_invariant = opt.name == "adam"
         self.optimizer = self._make_optimizer(opt)
+        self.outer = outer
+        # DiLoCo: Nesterov SGD on the averaged pseudo-gradient, a second optimizer on the same parameters
+        self.outer_optimizer = None if outer is None else torch.optim.SGD(
+            [self.params], lr=outer[0], momentum=outer[1], nesterov=outer[1] > 0)
         self.version = 0
         self._snapshot: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self.own_params: torch.Tensor | None = None
@@ -38,7 +45,7 @@ class Replica:
 
     def clone(self, opt: OptimizerConfig) -> "Replica":
         """A new replica with the same state, a fresh optimizer and an empty own delta."""
-        return Replica(self.params.detach(), self.buffers, opt, track_own=self.own_params is not None)
+        return Replica(self.params.detach(), self.buffers, opt, track_own=self.own_params is not None, outer=self.outer)
 
     def take_own_delta(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The own delta accumulated since the last call (then reset)."""
@@ -69,15 +76,28 @@ class Replica:
         return self._snapshot[1], self._snapshot[2]
 
     def apply(self, grads: Sequence[torch.Tensor], weight: float, frozen: Sequence[slice] = ()) -> None:
-        """One optimizer step on ``weight * sum(grads)`` (+ weight decay per gradient).
+        """One optimizer step worth ``weight * len(grads)`` of a full step (+ weight decay per gradient).
 
-        ``frozen`` ranges keep their parameters and optimizer state untouched
-        (SIM: tensors the workers are stepping locally this iteration).
+        SGD (with or without momentum) steps on ``weight * sum(grads)``: the
+        1/N rule. Adam is scale-invariant, so scaling its gradient would
+        cancel; it steps on the mean gradient with the step size scaled by
+        ``weight * len(grads)`` instead, so N asynchronous steps of 1/N move
+        as far as one synchronous step on N gradients. ``frozen`` ranges keep
+        their parameters and optimizer state untouched (SIM: tensors the
+        workers are stepping locally this iteration).
         """
         total = torch.stack(list(grads)).sum(0) if len(grads) > 1 else grads[0].clone()
-        total.mul_(weight)
-        if self.weight_decay:
-            total.add_(self.params.detach(), alpha=self.weight_decay * weight * len(grads))
+        share = weight * len(grads)
+        if self.scale_invariant:
+            total.div_(len(grads))
+            if self.weight_decay:
+                total.add_(self.params.detach(), alpha=self.weight_decay)
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr * share
+        else:
+            total.mul_(weight)
+            if self.weight_decay:
+                total.add_(self.params.detach(), alpha=self.weight_decay * share)
         before = self.params.detach().clone() if self.own_params is not None else None
         kept = self._save(frozen)
         self.params.grad = total
@@ -108,17 +128,29 @@ class Replica:
                     tensor[sl] = 0
 
     def add_delta(self, deltas: Sequence[torch.Tensor], weight: float) -> None:
-        """Move the parameters by ``weight * sum(deltas)`` (SIM: the workers' accumulated local changes)."""
+        """Move the parameters by ``weight * sum(deltas)`` (SIM, local SGD: the workers' accumulated local changes).
+
+        With an outer optimizer (DiLoCo) ``-weight * sum(deltas)`` is its
+        pseudo-gradient instead: one Nesterov SGD step on it.
+        """
         total = torch.stack(list(deltas)).sum(0) if len(deltas) > 1 else deltas[0].clone()
         total.mul_(weight)
-        with torch.no_grad():
-            self.params.add_(total)
+        if self.outer_optimizer is not None:
+            before = self.params.detach().clone()
+            self.params.grad = total.neg_()
+            self.outer_optimizer.step()
+            self.params.grad = None
+            total = self.params.detach() - before
+        else:
+            with torch.no_grad():
+                self.params.add_(total)
         if self.own_params is not None:
             self.own_params.add_(total)
         self.version += 1
 
     def set_lr(self, lr: float) -> None:
         """Change the learning rate (a step of the decay schedule)."""
+        self.lr = lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 

@@ -8,7 +8,7 @@ import torch
 
 from shoal.cluster import ClusterProfile, build_profile
 from shoal.config import Config, ConfigError
-from shoal.data import BatchStream, Dataset, load_dataset, shard_indices
+from shoal.data import BatchStream, Dataset, class_histograms, load_dataset, partition_indices
 from shoal.engine.gradients import GradientEngine
 from shoal.models import build_model
 from shoal.network.training import AggregationPlan, plan_aggregation
@@ -47,6 +47,13 @@ class RunSetup:
     def num_buffer_values(self) -> int:
         return self.engine.num_buffer_values
 
+    def partition_summary(self) -> dict[str, object]:
+        """summary.json's ``partition``: how the data was split and each worker's class histogram."""
+        labels = self.dataset.y_train.numpy()
+        shards = [s.shard for s in self.streams]
+        return {"partition": self.cfg.data.partition,
+                "class_counts": class_histograms(labels, shards, self.dataset.num_classes)}
+
 
 def build_setup(cfg: Config) -> RunSetup:
     """Load data, seed and build the model, measure compute time if asked, shard the data."""
@@ -78,6 +85,10 @@ def _streams(cfg: Config, dataset: Dataset) -> list[BatchStream]:
         raise ConfigError(
             f"cluster.workers: {cfg.cluster.workers} workers but only {n_train} training samples to shard"
         )
-    shards = shard_indices(n_train, cfg.cluster.workers, cfg.run.seed)
+    labels = dataset.y_train.numpy()
+    try:
+        shards = partition_indices(labels, cfg.cluster.workers, cfg.run.seed, cfg.data.partition)
+    except ValueError as err:
+        raise ConfigError(f"data.partition: {err}") from None
     return [BatchStream(dataset, shard, cfg.data.batch_size, cfg.run.seed, w) for w, shard in enumerate(shards)]
 

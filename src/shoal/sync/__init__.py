@@ -5,6 +5,7 @@ backends and the tests drive the same objects.
 """
 
 from shoal.sync.base import SyncPolicy
+from shoal.sync.localsgd import LocalSGD, PeriodicSchedule
 from shoal.sync.policies import ASP, BSP, SSP, make_policy
 
-__all__ = ["ASP", "BSP", "SSP", "SyncPolicy", "make_policy"]
+__all__ = ["ASP", "BSP", "LocalSGD", "PeriodicSchedule", "SSP", "SyncPolicy", "make_policy"]

@@ -69,12 +69,16 @@ class BSP(SyncPolicy):
         return batch
 
 
-def make_policy(scheme: str, workers: Iterable[int], staleness: int = 3) -> SyncPolicy:
-    """The policy object for a scheme name."""
+def make_policy(scheme: str, workers: Iterable[int], staleness: int = 3, local_steps: int = 1) -> SyncPolicy:
+    """The policy object for a scheme name (localsgd and diloco share one: they differ in the server's merge)."""
     if scheme == "bsp":
         return BSP(workers)
     if scheme == "asp":
         return ASP(workers)
     if scheme == "ssp":
         return SSP(workers, staleness)
+    if scheme in ("localsgd", "diloco"):
+        from shoal.sync.localsgd import LocalSGD
+
+        return LocalSGD(workers, local_steps)
     raise ValueError(f"unknown sync scheme {scheme!r}")

@@ -1,0 +1,102 @@
+"""Local SGD and DiLoCo: workers step their own models; every H steps the models are averaged.
+
+Both are baselines any heterogeneity or similarity scheme must beat: local
+SGD (Stich, 2019; Lin et al., 2020, "post-local SGD") averages the workers'
+models every ``H = sync.local_steps`` local steps; DiLoCo (Douillard et al.,
+2023) treats the averaged change as a pseudo-gradient for an outer Nesterov
+SGD step (``sync.outer_lr``, ``sync.outer_momentum``). They differ only in
+the server's merge (``Replica.add_delta`` with or without an outer
+optimizer), so one policy and one schedule serve both.
+
+The data path is SIM's (``backends/local_model.py``): a worker steps every
+tensor locally and, at a sync clock, sends its change since its last pull;
+``PeriodicSchedule`` is the plan that says "everything at every H-th clock,
+nothing in between". With ``H = 1`` every tensor is fresh and planned at
+every clock, so workers send gradients and the server steps its optimizer:
+exactly BSP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from shoal.sync.base import SyncPolicy
+
+
+class LocalSGD(SyncPolicy):
+    """Gate only at sync points: a worker at clock c waits until everyone reached H * floor(c / H).
+
+    Clocks count local steps. Between two syncs a fast worker runs its H
+    steps without waiting; the pushes of the sync clock (the H-th step of a
+    period) form one update once every worker has sent its own.
+    """
+
+    name = "localsgd"
+
+    def __init__(self, workers: Iterable[int], local_steps: int) -> None:
+        if local_steps < 1:
+            raise ValueError("local_steps must be >= 1")
+        super().__init__(workers)
+        self.local_steps = local_steps
+        self._pending: set[int] = set()
+
+    def start_threshold(self, worker: int) -> int | None:
+        return self.clocks[worker] // self.local_steps * self.local_steps
+
+    def is_sync(self, clock: int) -> bool:
+        """Whether the push that ends local step ``clock`` (0-based) carries a model change."""
+        return (clock + 1) % self.local_steps == 0
+
+    def _merge(self, worker: int) -> tuple[int, ...]:
+        if not self.is_sync(self.clocks[worker] - 1):
+            return ()
+        self._pending.add(worker)
+        return self._release_if_complete()
+
+    def _release_after_remove(self) -> tuple[int, ...]:
+        self._pending &= set(self.clocks)
+        return self._release_if_complete()
+
+    def _release_if_complete(self) -> tuple[int, ...]:
+        if not self._pending or len(self._pending) < len(self.clocks):
+            return ()
+        batch = tuple(sorted(self._pending))
+        self._pending.clear()
+        return batch
+
+
+class PeriodicSchedule:
+    """The aggregation plan of local SGD / DiLoCo: every tensor at every H-th clock, none in between.
+
+    It answers the same questions as SIM's ``SimilaritySchedule`` (so the
+    backends drive both the same way) but measures nothing: ``periodic`` is
+    True, and batch-norm buffers travel only with a sync.
+    """
+
+    periodic = True
+
+    def __init__(self, num_tensors: int, local_steps: int) -> None:
+        self.num_tensors = num_tensors
+        self.local_steps = local_steps
+
+    def plan(self, clock: int) -> tuple[bool, ...]:
+        return (clock < 0 or (clock + 1) % self.local_steps == 0,) * self.num_tensors
+
+    def record_saved(self, plan: Iterable[bool], nbytes_per_value: int = 4) -> None:
+        """Nothing to account: skipping is the scheme itself, not a saving."""
+
+    def finish_clocks(self, meters: dict, min_clock: int) -> list[int]:
+        meters.clear()
+        return []
+
+    def reset(self) -> None:
+        """Periods do not change at a learning-rate decay."""
+
+    def restarted(self, keep_bytes: bool = True) -> "PeriodicSchedule":
+        return PeriodicSchedule(self.num_tensors, self.local_steps)
+
+    def clone(self) -> "PeriodicSchedule":
+        return self.restarted()
+
+    def state(self) -> dict[str, list]:
+        return {}
