@@ -84,6 +84,23 @@ def plot_accuracy(curves: Sequence[Curve], target: float | None, path: Path, tim
     return _save(fig, path)
 
 
+def median_band(curves: Sequence[Sequence[tuple[float, float]]],
+                points: int = 200) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Seeds' accuracy curves on one time grid: (t, median, min, max), linearly interpolated.
+
+    The grid ends where the shortest curve ends, so the band never mixes seeds with ones that stopped.
+    """
+    curves = [c for c in curves if c]
+    if not curves:
+        empty = np.zeros(0)
+        return empty, empty, empty, empty
+    end = min(c[-1][0] for c in curves)
+    start = min(c[0][0] for c in curves)
+    t = np.linspace(start, end, points) if end > start else np.array([start])
+    held = np.array([np.interp(t, *zip(*c)) if len(c) > 1 else np.full(len(t), c[0][1]) for c in curves])
+    return t, np.median(held, axis=0), held.min(axis=0), held.max(axis=0)
+
+
 def _curve_label(c: Curve) -> str:
     reached = "target not reached" if c.time_to_target is None else f"target at {fmt_seconds(c.time_to_target)}"
     return f"{c.name} ({reached})"

@@ -1,0 +1,140 @@
+"""The tuned-comparison protocol shared by the benchmarks: same tuning budget for every scheme.
+
+1. Tuning: every scheme runs every grid value on the tuning seeds, each
+   run stopping once the target is reached (``run.stop_at_target``); each
+   scheme keeps its value by ``shoal.report.tuning.choose`` (best median
+   time to target, ties by final accuracy) -- the rule `shoal compare
+   --tune` applies.
+2. Final: the chosen value runs the whole budget on every seed (the tuning
+   seeds again, so final accuracies compare at the same time); rows report
+   the median with min..max and a bootstrap 90% interval over all seeds.
+
+Runs are cached by (name, scheme, grid value, seed, config) under
+runs/bench-cache/, so an interrupted benchmark resumes where it stopped.
+Every results file records the git commit and the command.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+CACHE = ROOT / "runs" / "bench-cache"
+
+
+def provenance() -> dict[str, Any]:
+    """The commit the numbers come from (with a flag if the tree had changes) and the command."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no", "src", "benchmarks"))
+    return {"git_commit": git("rev-parse", "HEAD"), "dirty_tree": dirty,
+            "command": " ".join([".venv/bin/python", *[a if " " not in a else repr(a) for a in sys.argv]])}
+
+
+def run_one(overrides: list[str], key: str) -> dict[str, Any]:
+    """One training run through the runner; its key numbers and accuracy curve (cached)."""
+    path = CACHE / f"{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    from shoal.config import load_config
+    from shoal.runner import train
+
+    cfg = load_config(None, overrides)
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = train(cfg, Path(tmp) / "run")
+        evals = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()
+                 if '"eval"' in line]
+    curve = [(e["t"], e["accuracy"]) for e in evals]
+    result = {
+        "time_to_target_s": summary["time_to_target_s"],
+        "final_accuracy": summary["final_accuracy"],
+        "final_accuracy_last5": statistics.mean(a for _, a in curve[-5:]),
+        "best_accuracy": summary["best_accuracy"],
+        "bytes_up": summary["bytes_up"], "bytes_down": summary["bytes_down"],
+        "bytes_exchange": summary.get("bytes_exchange", 0), "iterations": summary["iterations"],
+        "groups": summary["groups"], "wall_s": summary["wall_s"], "curve": curve,
+    }
+    CACHE.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result))
+    return result
+
+
+def _key(name: str, overrides: list[str]) -> str:
+    return f"{name}-{hashlib.sha1(json.dumps(overrides).encode()).hexdigest()[:16]}"
+
+
+def run_protocol(name: str, base: list[str], schemes: dict[str, list[str]], tune_key: str, values: list[Any],
+                 tune_seeds: list[int], final_seeds: list[int], jobs: int) -> dict[str, Any]:
+    """Tune every scheme over ``values`` of ``tune_key`` on ``tune_seeds``, then run the choice on ``final_seeds``."""
+    from shoal.report.tuning import choose
+
+    def overrides(scheme: str, value: Any, seed: int, *extra: str) -> list[str]:
+        return base + schemes[scheme] + [f"{tune_key}={value}", f"run.seed={seed}", *extra]
+
+    tasks = [(s, v, seed) for seed in tune_seeds for v in values for s in schemes]
+    results = _run_all(name, [overrides(*t, "run.stop_at_target=true") for t in tasks], jobs)
+    tuning_runs = [{"scheme": s, "value": v, "seed": seed, **r} for (s, v, seed), r in zip(tasks, results)]
+    chosen: dict[str, Any] = {}
+    tuning: dict[str, list[dict[str, Any]]] = {}
+    for scheme in schemes:
+        points = []
+        for v in values:
+            mine = [r for r in tuning_runs if r["scheme"] == scheme and r["value"] == v]
+            points.append({"value": v, "time_to_target_s": [r["time_to_target_s"] for r in mine],
+                           "final_accuracy": [r["final_accuracy_last5"] for r in mine]})
+        chosen[scheme] = points[choose(points)]["value"]
+        tuning[scheme] = points
+    tasks = [(s, chosen[s], seed) for seed in tune_seeds + final_seeds for s in schemes]
+    results = _run_all(name, [overrides(*t) for t in tasks], jobs)
+    runs = [{"scheme": s, "value": v, "seed": seed, **r} for (s, v, seed), r in zip(tasks, results)]
+    for run in tuning_runs:
+        run.pop("curve")
+    return {"chosen": chosen, "tuning": tuning, "runs": runs, "tuning_runs": tuning_runs}
+
+
+def _run_all(name: str, configs: list[list[str]], jobs: int) -> list[dict[str, Any]]:
+    keys = [_key(name, o) for o in configs]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(run_one, configs, keys))
+
+
+def rows_of(protocol: dict[str, Any], schemes: list[str]) -> list[dict[str, Any]]:
+    """Per scheme, at its chosen value over all seeds: medians with intervals."""
+    from shoal.report.tuning import interval
+
+    rows = []
+    for scheme in schemes:
+        value = protocol["chosen"][scheme]
+        mine = [r for r in protocol["runs"] if r["scheme"] == scheme and r["value"] == value]
+        rows.append({
+            "scheme": scheme, "tuned": value, "seeds": sorted(r["seed"] for r in mine),
+            "reached": sum(r["time_to_target_s"] is not None for r in mine),
+            "time_to_target_s": [r["time_to_target_s"] for r in sorted(mine, key=lambda r: r["seed"])],
+            "time": interval([r["time_to_target_s"] for r in mine]),
+            "final": interval([r["final_accuracy_last5"] for r in mine]),
+            "bytes_up": statistics.median(r["bytes_up"] for r in mine),
+            "bytes_exchange": statistics.median(r["bytes_exchange"] for r in mine),
+            "iterations": statistics.median(r["iterations"] for r in mine),
+        })
+    return rows
+
+
+def fmt_interval(iv: dict[str, Any], digits: int = 0, scale: float = 1.0) -> str:
+    """``18 [16..26] (90%: 16..24)`` with "n/r" for values never reached."""
+    def f(x: float | None) -> str:
+        return "n/r" if x is None else f"{x * scale:.{digits}f}"
+
+    text = f"{f(iv['median'])} [{f(iv['min'])}..{f(iv['max'])}]"
+    if iv.get("ci90"):
+        text += f" (90%: {f(iv['ci90'][0])}..{f(iv['ci90'][1])})"
+    return text

@@ -1,0 +1,134 @@
+"""Fair comparisons, as pure functions: tuning grids, the choice per scheme, intervals over seeds.
+
+A speed-up only counts against baselines that got the same tuning budget:
+every scheme runs the same grid (``--tune KEY=V1,V2``), and each keeps the
+grid point with the best median time to target (an unreached seed counts as
+infinitely slow), ties broken by the best median final accuracy.
+Intervals: min..max over seeds always, and a bootstrap 90% interval of the
+median from five seeds on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from shoal.config import ConfigError, parse_override
+
+BOOTSTRAP_FROM = 5  # seeds needed before a bootstrap interval means anything
+BOOTSTRAP_SAMPLES = 2000
+
+
+def parse_tune(texts: Sequence[str]) -> dict[str, list[Any]]:
+    """``["optimizer.lr=0.01,0.02"]`` -> ``{"optimizer.lr": [0.01, 0.02]}`` (values read as TOML)."""
+    grid: dict[str, list[Any]] = {}
+    for text in texts:
+        key, sep, raw = text.partition("=")
+        key = key.strip()
+        if not sep or not key or not raw.strip():
+            raise ConfigError(f"--tune {text!r}: expected KEY=V1,V2,...")
+        if key in grid:
+            raise ConfigError(f"--tune {text!r}: {key} is tuned twice")
+        values = [parse_override(f"{key}={v}")[1] for v in raw.split(",") if v.strip()]
+        if len(set(map(repr, values))) != len(values):
+            raise ConfigError(f"--tune {text!r}: a value is listed twice")
+        grid[key] = values
+    return grid
+
+
+def grid_points(grid: dict[str, list[Any]], pinned: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every combination of the grid's values, with pinned keys left out of the search."""
+    keys = [k for k in grid if k not in pinned]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def point_label(point: dict[str, Any]) -> str:
+    """A folder name for one grid point: ``optimizer.lr=0.02`` (``default`` when nothing is tuned)."""
+    return ",".join(f"{k}={v}" for k, v in point.items()) or "default"
+
+
+def median_time(times: Sequence[float | None]) -> float | None:
+    """Median time to target where None (not reached) counts as infinity; None if the median is unreached."""
+    if not times:
+        return None
+    value = statistics.median(math.inf if t is None else t for t in times)
+    return None if math.isinf(value) else value
+
+
+def _rank(median_time_s: float | None, median_final: float | None) -> tuple[float, float]:
+    return (math.inf if median_time_s is None else median_time_s, -(median_final or 0.0))
+
+
+def choose(points: Sequence[dict[str, Any]]) -> int:
+    """Index of the best grid point: lowest median time to target, then highest median final accuracy.
+
+    Each point has ``time_to_target_s`` and ``final_accuracy`` lists over seeds.
+    """
+    if not points:
+        raise ValueError("nothing to choose from")
+    ranks = [_rank(median_time(p["time_to_target_s"]), _median([a for a in p["final_accuracy"] if a is not None]))
+             for p in points]
+    return min(range(len(points)), key=lambda i: ranks[i])
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def interval(values: Sequence[float | None], seed: int = 0) -> dict[str, Any]:
+    """Median, min..max and (from five values on) a bootstrap 90% interval of the median.
+
+    None counts as infinitely large (a time never reached); infinite ends are reported as None.
+    """
+    xs = [math.inf if v is None else float(v) for v in values]
+    if not xs:
+        return {"median": None, "min": None, "max": None, "ci90": None, "n": 0}
+    out: dict[str, Any] = {"median": _finite(statistics.median(xs)), "min": _finite(min(xs)),
+                           "max": _finite(max(xs)), "ci90": None, "n": len(xs)}
+    if len(xs) >= BOOTSTRAP_FROM:
+        rng = random.Random(seed)
+        medians = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(BOOTSTRAP_SAMPLES))
+        lo, hi = medians[int(0.05 * BOOTSTRAP_SAMPLES)], medians[int(0.95 * BOOTSTRAP_SAMPLES) - 1]
+        out["ci90"] = [_finite(lo), _finite(hi)]
+    return out
+
+
+def speedup_interval(base: Sequence[float | None], mine: Sequence[float | None], seed: int = 0) -> dict[str, Any]:
+    """The speed-up of medians (base / mine) with a bootstrap 90% interval (seeds resampled independently)."""
+    b = [math.inf if v is None else float(v) for v in base]
+    m = [math.inf if v is None else float(v) for v in mine]
+    if not b or not m:
+        return {"value": None, "ci90": None}
+    value = _ratio(statistics.median(b), statistics.median(m))
+    ci = None
+    if min(len(b), len(m)) >= BOOTSTRAP_FROM:
+        rng = random.Random(seed)
+        ratios = sorted(
+            _ratio_sortable(statistics.median(rng.choices(b, k=len(b))), statistics.median(rng.choices(m, k=len(m))))
+            for _ in range(BOOTSTRAP_SAMPLES))
+        lo, hi = ratios[int(0.05 * BOOTSTRAP_SAMPLES)], ratios[int(0.95 * BOOTSTRAP_SAMPLES) - 1]
+        ci = [_finite(lo), _finite(hi)]
+    return {"value": value, "ci90": ci}
+
+
+def _ratio(a: float, b: float) -> float | None:
+    if math.isinf(a) or math.isinf(b) or b <= 0:
+        return None
+    return round(a / b, 6)
+
+
+def _ratio_sortable(a: float, b: float) -> float:
+    """a / b with unreached ends ordered sensibly: base unreached = infinitely fast for us, ours = zero."""
+    if math.isinf(b):
+        return 0.0
+    if math.isinf(a):
+        return math.inf
+    return a / b
+
+
+def _finite(x: float) -> float | None:
+    return None if math.isinf(x) else round(x, 6)
