@@ -156,7 +156,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="two lrs, one seed each, short budget (a smoke test)")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
-    parser.add_argument("--budget", type=float, default=120.0, help="virtual seconds per run")
+    parser.add_argument("--budget", type=float, default=150.0, help="virtual seconds per run")
     parser.add_argument("--partition", default="iid", help="data.partition: iid, dirichlet:ALPHA or classes:K")
     parser.add_argument("--tune-seeds", type=int, default=2, help="seeds every grid value runs")
     parser.add_argument("--seeds", type=int, default=5, help="seeds in all at the chosen value")
