@@ -318,3 +318,51 @@ def test_dgc_ties_and_zeros():
         payload = DGC().compress(x, 0.01)
         assert payload.tensors[0].numel() == 500 and payload.nbytes == 8 * 500
         assert torch.equal(DGC().decompress(payload).sum(), x[:500].sum())
+
+
+# -- PowerSGD ---------------------------------------------------------------------------------
+
+
+def test_powersgd_recovers_a_low_rank_matrix_and_counts_its_factors():
+    from shoal.compress.lowrank import PowerSGD
+
+    compressor = PowerSGD(rank=2, seed=0)
+    m = torch.randn(20, 2) @ torch.randn(2, 30)
+    payload = compressor.compress_named(m.reshape(-1), 1.0, "w", (20, 30))
+    assert payload.nbytes == 4 * (20 + 30) * 2 == compressor.nominal_named_bytes((20, 30), 1.0)
+    assert torch.allclose(compressor.decompress(payload), m.reshape(-1), atol=1e-4)
+    bias = torch.randn(30)  # a vector has no useful factors: it travels as it is
+    assert torch.equal(compressor.decompress(compressor.compress_named(bias, 1.0, "b", (30,))), bias)
+    assert compressor.nominal_named_bytes((30,), 1.0) == 120
+
+
+def test_powersgd_warm_start_converges_to_the_best_rank_r_approximation():
+    from shoal.compress.lowrank import PowerSGD
+
+    torch.manual_seed(0)
+    m = torch.randn(40, 25)
+    u, s, vh = torch.linalg.svd(m, full_matrices=False)
+    best = float(s[2:].norm())  # the error of the truncated SVD of rank 2
+    compressor = PowerSGD(rank=2, seed=1)
+    errors = []
+    for _ in range(30):
+        y = compressor.decompress(compressor.compress_named(m.reshape(-1), 1.0, "w", (40, 25)))
+        errors.append(float((y - m.reshape(-1)).norm()))
+    assert errors[-1] < errors[0]
+    assert errors[-1] == pytest.approx(best, rel=0.02)
+
+
+def test_powersgd_trains_with_error_feedback_and_sends_less(fast_config):
+    from shoal.backends.sim import SimBackend
+    from shoal.compress.codec import worker_codec
+    from shoal.engine.metrics import RunRecorder
+    from shoal.engine.setup import build_setup
+
+    cfg = fast_config("compression.method=powersgd", "compression.rank=2", "model.hidden=[64]",
+                      "run.stop_at_target=false")
+    setup = build_setup(cfg)
+    codec = worker_codec(cfg.compression, 0, 0, setup.engine.layout)
+    assert codec is not None and codec.memory.__class__.__name__ == "ResidualMemory"
+    summary = SimBackend(setup, RunRecorder()).run()
+    assert summary["final_accuracy"] > 0.85
+    assert summary["bytes_up"] < 0.2 * summary["iterations"] * 4 * summary["params"]

@@ -100,10 +100,15 @@ def test_different_seeds_differ(fast_config, tmp_path):
 
 
 def test_stops_at_target_with_time_to_target(fast_config, tmp_path):
+    """The run stops at the third evaluation in a row at the target (patience 3) and reports the first."""
     summary = train(fast_config("run.max_time_s=30"), tmp_path / "r")
     assert summary["stop_reason"] == "target_reached"
-    assert summary["time_to_target_s"] == summary["elapsed_s"]
+    evals = [e for e in read_jsonl(tmp_path / "r" / "metrics.jsonl") if e["event"] == "eval"]
+    assert [e["accuracy"] >= 0.9 for e in evals[-3:]] == [True] * 3
+    assert summary["time_to_target_s"] == evals[-3]["t"] and summary["elapsed_s"] == evals[-1]["t"]
     assert summary["final_accuracy"] >= 0.9
+    once = train(fast_config("run.max_time_s=30", "run.target_patience=1"), tmp_path / "once")
+    assert once["time_to_target_s"] == once["elapsed_s"] <= summary["time_to_target_s"]
 
 
 def test_time_budget_and_unreached_target(fast_config, tmp_path):

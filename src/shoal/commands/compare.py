@@ -20,9 +20,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from shoal.commands.common import user_errors_exit_2
-from shoal.config import Config, ConfigError, load_config
-from shoal.report.rows import add_speedups, seeds_row, single_row
-from shoal.report.schemes import MODIFIERS, Scheme, parse_schemes
+from shoal.config import Config, ConfigError, load_config, toml_value
+from shoal.report.rows import add_speedups, seeds_row, single_row, tuning_entry
+from shoal.report.schemes import BASES, MODIFIERS, Scheme, parse_schemes
+from shoal.report.tuning import choose, grid_points, parse_tune, point_label
 
 console = Console(stderr=True)
 
@@ -40,9 +41,14 @@ class PlannedRun:
     seed: int
     cfg: Config
     run_dir: str
+    point: tuple[tuple[str, Any], ...] = ()  # the --tune grid point this run belongs to
+    pinned: tuple[tuple[str, str], ...] = ()  # values the scheme spec pins after "@"
 
 
-SCHEMES_HELP = f"Comma-separated specs base[+modifier...]: base bsp|asp|ssp|gssp, modifiers {'|'.join(MODIFIERS)}."
+SCHEMES_HELP = (f"Comma-separated specs base[+modifier...][@section.key=value...]: base {'|'.join(BASES)}, "
+                f"modifiers {'|'.join(MODIFIERS)}; @ pins a value (kept out of --tune).")
+TUNE_HELP = ("Tune KEY over the values for every scheme, e.g. optimizer.lr=0.01,0.02,0.05 (repeatable: the grid is "
+             "every combination); each scheme keeps its best median time to target.")
 
 
 @user_errors_exit_2
@@ -50,6 +56,7 @@ def compare(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (defaults when omitted)."),
     schemes: str = typer.Option(..., "--schemes", help=SCHEMES_HELP),
     seeds: int = typer.Option(1, "--seeds", help="Runs per scheme; seed k uses run.seed + k and medians are reported."),
+    tune: list[str] = typer.Option([], "--tune", help=TUNE_HELP),
     backend: Optional[str] = typer.Option(None, "--backend", help="sim or ray (overrides backend.name)."),
     set_: list[str] = typer.Option([], "--set", "-s", help="Override a key in every run: section.key=value (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default runs/compare-<time>)."),
@@ -58,13 +65,14 @@ def compare(
 ) -> None:
     """Compare schemes (e.g. bsp,ssp,gssp,gssp+gdtopk) on one config and write an HTML report with plots."""
     overrides = list(set_) + ([f"backend.name={backend}"] if backend else [])
-    plan = plan_runs(config, parse_schemes(schemes), seeds, overrides)
+    grid = parse_tune(tune)
+    plan = plan_runs(config, parse_schemes(schemes), seeds, overrides, grid)
     out = out or Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
     check_compare_dir(out, plan, overwrite)
     check_backends(plan)
-    command = _command(config, schemes, seeds, set_, backend, out)
+    command = _command(config, schemes, seeds, set_, backend, out, tune)
     summaries = execute(plan, out, quiet)
-    result = build_compare(plan, summaries, seeds, command)
+    result = build_compare(plan, summaries, seeds, command, grid)
     from shoal.engine.metrics import write_json_atomic
     from shoal.report.html import write_report
 
@@ -75,21 +83,37 @@ def compare(
         print_table(result, report)
 
 
-def plan_runs(config: Path | None, schemes: list[Scheme], seeds: int, overrides: list[str]) -> list[PlannedRun]:
-    """Validate every (scheme, seed) config up front; the scheme's keys win over --set."""
+def plan_runs(config: Path | None, schemes: list[Scheme], seeds: int, overrides: list[str],
+              grid: dict[str, list[Any]] | None = None) -> list[PlannedRun]:
+    """Validate every (scheme, grid point, seed) config up front; the scheme's keys win over --tune and --set."""
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds}: must be at least 1")
+    grid = grid or {}
     base_seed = load_config(config, overrides).run.seed
     plan = []
     for scheme in schemes:
-        for k in range(seeds):
-            try:
-                cfg = load_config(config, overrides + list(scheme.overrides) + [f"run.seed={base_seed + k}"])
-            except ConfigError as err:
-                raise ConfigError(f"scheme {scheme.name}: {err}") from None
-            run_dir = scheme.name if seeds == 1 else f"{scheme.name}/seed-{k}"
-            plan.append(PlannedRun(scheme.name, base_seed + k, cfg, run_dir))
+        pinned = dict(scheme.pinned)
+        _check_tunable(scheme, grid)
+        for point in grid_points(grid, pinned) if grid else [{}]:
+            tuned = [f"{k}={toml_value(v)}" for k, v in point.items()]
+            for k in range(seeds):
+                try:
+                    cfg = load_config(config, overrides + tuned + list(scheme.overrides) + [f"run.seed={base_seed + k}"])
+                except ConfigError as err:
+                    raise ConfigError(f"scheme {scheme.name}: {err}") from None
+                parts = [scheme.name] + ([f"tune-{point_label(point)}"] if grid else []) + (
+                    [f"seed-{k}"] if seeds > 1 else [])
+                plan.append(PlannedRun(scheme.name, base_seed + k, cfg, "/".join(parts), tuple(point.items()),
+                                       scheme.pinned))
     return plan
+
+
+def _check_tunable(scheme: Scheme, grid: dict[str, list[Any]]) -> None:
+    """A scheme's own keys (sync.scheme, a compressor) cannot be tuned; pinned ones simply are not."""
+    own = {o.partition("=")[0] for o in scheme.overrides} - {k for k, _ in scheme.pinned}
+    for key in grid:
+        if key in own:
+            raise ConfigError(f"--tune {key}: scheme {scheme.name} sets it itself; tune another key")
 
 
 def check_compare_dir(out: Path, plan: list[PlannedRun], overwrite: bool) -> None:
@@ -120,10 +144,13 @@ def check_backends(plan: list[PlannedRun]) -> None:
             raise ConfigError(f"scheme {p.scheme}: {err}") from None
 
 
-def _command(config: Path | None, schemes: str, seeds: int, sets: list[str], backend: str | None, out: Path) -> str:
+def _command(config: Path | None, schemes: str, seeds: int, sets: list[str], backend: str | None, out: Path,
+             tune: list[str] = ()) -> str:
     """The command line that reproduces this comparison (shown in the report)."""
     args = ["shoal", "compare"] + (["--config", str(config)] if config else []) + ["--schemes", schemes]
     args += (["--seeds", str(seeds)] if seeds > 1 else []) + (["--backend", backend] if backend else [])
+    for t in tune:
+        args += ["--tune", t]
     for s in sets:
         args += ["--set", s]
     return shlex.join(args + ["--out", str(out)])
@@ -203,21 +230,34 @@ class RunsProgress:
 # -- results -------------------------------------------------------------------------------------
 
 
-def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], seeds: int, command: str) -> dict[str, Any]:
-    """compare.json: what was compared, and one row per scheme with the speed-up over BSP."""
+def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], seeds: int, command: str,
+                  grid: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+    """compare.json: what was compared, and one row per scheme (at its tuned grid point) with the speed-up over BSP."""
     names = list(dict.fromkeys(p.scheme for p in plan))
     rows = []
     for name in names:
-        runs = [(p, s) for p, s in zip(plan, summaries) if p.scheme == name]
+        mine = [(p, s) for p, s in zip(plan, summaries) if p.scheme == name]
+        points = list(dict.fromkeys(p.point for p, _ in mine))
+        by_point = [[(p, s) for p, s in mine if p.point == point] for point in points]
+        entries = [tuning_entry(dict(point), [s for _, s in runs], [p.run_dir for p, _ in runs])
+                   for point, runs in zip(points, by_point)]
+        runs = by_point[choose(entries)]
         if seeds == 1:
-            rows.append(single_row(name, runs[0][1], runs[0][0].run_dir))
+            row = single_row(name, runs[0][1], runs[0][0].run_dir)
         else:
-            rows.append(seeds_row(name, [s for _, s in runs], [p.run_dir for p, _ in runs], [p.seed for p, _ in runs]))
+            row = seeds_row(name, [s for _, s in runs], [p.run_dir for p, _ in runs], [p.seed for p, _ in runs])
+        if grid:
+            row["tuned"] = dict(runs[0][0].point)
+            row["tuning"] = entries
+        if runs[0][0].pinned:
+            row["pinned"] = dict(runs[0][0].pinned)
+        rows.append(row)
     first = plan[0].cfg
     return {
         "command": command,
         "schemes": names,
         "seeds": seeds,
+        "tune": grid or {},
         "backend": first.backend.name,
         "target_accuracy": first.run.target_accuracy,
         "max_time_s": first.run.max_time_s,

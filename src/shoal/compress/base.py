@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,15 @@ class Compressor(ABC):
     def nominal_bytes(self, numel: int, density: float) -> int:
         """Payload size for a tensor of ``numel`` values without looking at values (cost mode)."""
         return self.compress(torch.zeros(numel), density).nbytes
+
+    def compress_named(self, tensor: torch.Tensor, density: float, name: str, shape: tuple[int, ...]) -> Payload:
+        """Encode the flat values of the parameter tensor ``name`` of ``shape`` (as GRACE's ``compress(tensor,
+        name)``): compressors with per-tensor state or a matrix view (PowerSGD) override this."""
+        return self.compress(tensor, density)
+
+    def nominal_named_bytes(self, shape: tuple[int, ...], density: float) -> int:
+        """Payload size for the parameter tensor of ``shape`` (cost mode)."""
+        return self.nominal_bytes(math.prod(shape), density)
 
 
 class Memory(ABC):

@@ -8,23 +8,26 @@ import torch
 
 from shoal.compress.base import Compressor, Memory, NoMemory, ResidualMemory
 from shoal.config import CompressionConfig
+from shoal.compress.lowrank import PowerSGD
 from shoal.compress.quantize import FP16, QSGD
 from shoal.compress.sparsify import DGC, RandK, TopK
 from shoal.engine.gradients import TensorSlot
 
 COMPRESSORS: dict[str, type[Compressor]] = {
-    "topk": TopK, "gdtopk": TopK, "fp16": FP16, "randk": RandK, "dgc": DGC, "qsgd": QSGD,
+    "topk": TopK, "gdtopk": TopK, "fp16": FP16, "randk": RandK, "dgc": DGC, "qsgd": QSGD, "powersgd": PowerSGD,
 }
 
 
-SEEDED = ("randk", "dgc", "qsgd")
+SEEDED = ("randk", "dgc", "qsgd", "powersgd")
 
 
-def make_compressor(method: str, seed: int = 0) -> Compressor | None:
+def make_compressor(method: str, seed: int = 0, rank: int = 4) -> Compressor | None:
     """The compressor of a ``[compression] method`` (None for "none"); random ones take ``seed``."""
     if method == "none":
         return None
     cls = COMPRESSORS[method]
+    if method == "powersgd":
+        return PowerSGD(rank=rank, seed=seed)
     return cls(seed=seed) if method in SEEDED else cls()
 
 
@@ -49,7 +52,7 @@ class GradientCodec:
                 continue
             piece = grad[slot.offset : slot.offset + slot.numel]
             compensated = self.memory.compensate(slot.name, piece)
-            payload = self.compressor.compress(compensated, density)
+            payload = self.compressor.compress_named(compensated, density, slot.name, slot.shape)
             sent = self.compressor.decompress(payload).reshape(-1)
             self.memory.update(slot.name, compensated, sent)
             received[slot.offset : slot.offset + slot.numel] = sent
@@ -58,7 +61,7 @@ class GradientCodec:
 
     def nominal_bytes(self, density: float) -> int:
         """Payload bytes of one push without a gradient (cost mode)."""
-        return sum(self.compressor.nominal_bytes(slot.numel, density) for slot in self.layout)
+        return sum(self.compressor.nominal_named_bytes(slot.shape, density) for slot in self.layout)
 
 
 #: seed offset of the second codec a SIM worker keeps for its local changes
@@ -73,7 +76,8 @@ def worker_codec(compression: CompressionConfig, seed: int, worker: int, layout:
     compressor that is its variance, which feedback amplifies (measured: the
     residual of scaled randk grows without bound), so only biased ones use it.
     """
-    compressor = make_compressor(compression.method, seed=(seed * 1_000_003 + worker + salt) % 2**31)
+    compressor = make_compressor(compression.method, seed=(seed * 1_000_003 + worker + salt) % 2**31,
+                                 rank=compression.rank)
     if compressor is None:
         return None
     return GradientCodec(compressor, layout, compression.error_feedback and not compressor.unbiased)

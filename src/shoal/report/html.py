@@ -30,6 +30,7 @@ def write_report(out: Path) -> Path:
     sections = [part for part in (
         _accuracy_section(out, compare, rows, runs, label),
         _table_section(out, compare, rows, runs),
+        _tuning_section(compare, rows),
         _timeline_section(out, runs, label),
         _groups_section(runs),
         _sim_section(out, runs, label),
@@ -136,16 +137,20 @@ def _accuracy_section(out: Path, compare: dict[str, Any], rows: list[dict[str, A
     curves = []
     for i, (row, run) in enumerate(zip(rows, runs)):
         color = plots.scheme_color(i)
-        curves.append(plots.Curve(row["scheme"], run.evals, color, row.get("time_to_target_s")))
-        for seed in row.get("seeds", [])[1:]:
-            extra = load_run(row["scheme"], out / seed["run_dir"])
-            curves.append(plots.Curve(row["scheme"], extra.evals, color, faint=True))
+        if len(row.get("seeds", [])) > 1:
+            evals = [load_run(row["scheme"], out / seed["run_dir"]).evals for seed in row["seeds"]]
+            t, median, lo, hi = plots.median_band(evals)
+            curves.append(plots.Curve(row["scheme"], list(zip(t.tolist(), median.tolist())), color,
+                                      row.get("time_to_target_s"), band=(lo.tolist(), hi.tolist())))
+        else:
+            curves.append(plots.Curve(row["scheme"], run.evals, color, row.get("time_to_target_s")))
     if not any(c.points for c in curves):
         return _section("accuracy", "Test accuracy over time", "", "No evaluations in these runs (backend.mode = "
                         "\"cost\" simulates the schedule only), so there is no accuracy to plot.")
     path = plots.plot_accuracy(curves, compare.get("target_accuracy"), out / "accuracy.png", label)
-    seeds_note = (" The bold line is the first seed and thin lines the others; the dot and the legend give each "
-                  "scheme's median time to target.") if compare.get("seeds", 1) > 1 else ""
+    seeds_note = (" Each line is the median over seeds and the band spans the slowest to the best seed at each "
+                  "time; the dot and the legend give each scheme's median time to target.") if compare.get(
+                      "seeds", 1) > 1 else ""
     return _section("accuracy", "Test accuracy over time", _img(path, "test accuracy against time for every scheme"),
                     "The model is evaluated every run.eval_every_s seconds; the dashed line is the target and "
                     f"a dot marks when a scheme first reached it.{seeds_note}")
@@ -157,11 +162,13 @@ def _accuracy_section(out: Path, compare: dict[str, Any], rows: list[dict[str, A
 def _table_section(out: Path, compare: dict[str, Any], rows: list[dict[str, Any]], runs: list[RunData]) -> str:
     target = compare.get("target_accuracy")
     exchange = any(r.get("bytes_exchange") for r in rows)
-    heads = ["scheme", f"time to {target:.0%}" if target else "time to target", "speed-up vs BSP", "final accuracy",
-             "best accuracy", "upload", "download"] + (["group exchange"] if exchange else []) + \
-            ["iterations", "computing", "stopped"]
+    tuned = bool(compare.get("tune"))
+    heads = ["scheme"] + (["tuned"] if tuned else []) + [
+        f"time to {target:.0%}" if target else "time to target", "speed-up vs BSP", "final accuracy",
+        "best accuracy", "upload", "download"] + (["group exchange"] if exchange else []) + \
+        ["iterations", "computing", "stopped"]
     best = min((r["time_to_target_s"] for r in rows if r.get("time_to_target_s") is not None), default=None)
-    body = "".join(_table_row(r, run, best, exchange) for r, run in zip(rows, runs))
+    body = "".join(_table_row(r, run, best, exchange, tuned) for r, run in zip(rows, runs))
     head = "".join(f"<th>{h}</th>" for h in heads)
     table = f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
     split = plots.plot_time_split([(r["scheme"], run.summary.get("per_worker") or []) for r, run in zip(rows, runs)],
@@ -169,19 +176,26 @@ def _table_section(out: Path, compare: dict[str, Any], rows: list[dict[str, Any]
     note = ("Bytes are totals over the run (upload: worker pushes; download: pulls; group exchange: GSSP's "
             "deltas between group servers). Computing: share of all worker time spent computing gradients.")
     if compare.get("seeds", 1) > 1:
-        note += (" With several seeds every number is the median; a seed that never reached the target counts as "
+        note += (" With several seeds every number is the median, with min..max over seeds below it (and a bootstrap "
+                 "90% interval of the median from five seeds on); a seed that never reached the target counts as "
                  "slowest.")
+    if tuned:
+        note += " Tuned: the grid value each scheme kept (see the tuning grid below)."
     return _section("results", "Results", table + _img(split, "share of worker time computing, communicating, waiting"),
                     note)
 
 
-def _table_row(row: dict[str, Any], run: RunData, best: float | None, exchange: bool) -> str:
+def _table_row(row: dict[str, Any], run: RunData, best: float | None, exchange: bool, tuned: bool = False) -> str:
     ttt = row.get("time_to_target_s")
     best_class = ' class="best"' if ttt is not None and ttt == best else ""
-    cells = [f"<td><b>{html.escape(row['scheme'])}</b></td>", f"<td{best_class}>{_time_cell(row)}</td>",
-             f"<td>{_speedup(row.get('speedup_vs_bsp'))}</td>",
-             f"<td>{_acc(row.get('final_accuracy'))}</td>", f"<td>{_acc(row.get('best_accuracy'))}</td>",
-             f"<td>{human_bytes(row.get('bytes_up'))}</td>", f"<td>{human_bytes(row.get('bytes_down'))}</td>"]
+    cells = [f"<td><b>{html.escape(row['scheme'])}</b></td>"]
+    if tuned:
+        cells.append(f"<td>{html.escape(_point(row.get('tuned') or {}) or 'pinned')}</td>")
+    cells += [f"<td{best_class}>{_time_cell(row)}</td>",
+              f"<td>{_speedup(row.get('speedup_vs_bsp'))}{_sub(_ratio_interval(row.get('speedup_vs_bsp_interval')))}</td>",
+              f"<td>{_acc(row.get('final_accuracy'))}{_sub(_range(row.get('final_accuracy_interval'), _acc))}</td>",
+              f"<td>{_acc(row.get('best_accuracy'))}</td>",
+              f"<td>{human_bytes(row.get('bytes_up'))}</td>", f"<td>{human_bytes(row.get('bytes_down'))}</td>"]
     if exchange:
         cells.append(f"<td>{human_bytes(row.get('bytes_exchange'))}</td>")
     cells += [f"<td>{_count(row.get('iterations'))}</td>",
@@ -196,7 +210,70 @@ def _time_cell(row: dict[str, Any]) -> str:
     if not seeds:
         return text
     per_seed = ", ".join("–" if s.get("time_to_target_s") is None else f"{s['time_to_target_s']:.3g}" for s in seeds)
-    return f'{text}<div class="sub">{row.get("reached", 0)}/{len(seeds)} seeds: {per_seed}</div>'
+    spread = _range(row.get("time_to_target_interval"), fmt_seconds)
+    return f'{text}{_sub(spread)}<div class="sub">{row.get("reached", 0)}/{len(seeds)} seeds: {per_seed}</div>'
+
+
+def _sub(text: str) -> str:
+    return f'<div class="sub">{html.escape(text)}</div>' if text else ""
+
+
+def _range(iv: dict[str, Any] | None, fmt: Any) -> str:
+    """``min..max`` (and the bootstrap 90% interval) of an interval record; unreached ends read "never"."""
+    if not iv or iv.get("n", 0) < 2:
+        return ""
+    def f(x: float | None) -> str:
+        return "never" if x is None else fmt(x)
+
+    text = f"{f(iv['min'])}..{f(iv['max'])}"
+    if iv.get("ci90"):
+        text += f" (90%: {f(iv['ci90'][0])}..{f(iv['ci90'][1])})"
+    return text
+
+
+def _ratio_interval(sp: dict[str, Any] | None) -> str:
+    if not sp or not sp.get("ci90"):
+        return ""
+    lo, hi = sp["ci90"]
+    return f"90%: {_speedup(lo)}..{'∞' if hi is None else _speedup(hi)}"
+
+
+def _point(point: dict[str, Any]) -> str:
+    return ", ".join(f"{k.rsplit('.', 1)[-1]} {v}" for k, v in point.items())
+
+
+# -- (b2) tuning grid ------------------------------------------------------------------------------
+
+
+def _tuning_section(compare: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """Every scheme's grid: median time to target and final accuracy per point, the kept one in bold."""
+    if not compare.get("tune"):
+        return ""
+    points = list(dict.fromkeys(_point(e["point"]) for r in rows for e in r.get("tuning", [])))
+    head = "<th>scheme</th>" + "".join(f"<th>{html.escape(p or 'pinned')}</th>" for p in points)
+    body = []
+    for row in rows:
+        cells = {_point(e["point"]): e for e in row.get("tuning", [])}
+        tds = []
+        for p in points:
+            e = cells.get(p)
+            if e is None:
+                tds.append("<td>–</td>")
+                continue
+            t = e["median_time_to_target_s"]
+            text = ("not reached" if t is None else fmt_seconds(t)) + f" · {_acc(e['median_final_accuracy'])}"
+            chosen = e["point"] == (row.get("tuned") or {})
+            shown = f"<b>{html.escape(text)}</b>" if chosen else html.escape(text)
+            reached = f'<div class="sub">{e["reached"]}/{len(e["time_to_target_s"])} reached</div>'
+            tds.append(f'<td class="best">{shown}{reached}</td>' if chosen else f"<td>{shown}{reached}</td>")
+        body.append(f"<tr><td><b>{html.escape(row['scheme'])}</b></td>{''.join(tds)}</tr>")
+    grid = ", ".join(f"{k} in {v}" for k, v in compare["tune"].items())
+    table = f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+    return _section("tuning", "Tuning grid", table,
+                    f"Every scheme ran every grid point ({html.escape(grid)}) with the same seeds; each kept the point "
+                    "with the best median time to target (ties: best median final accuracy), in bold. Cells: median "
+                    "time to target · median final accuracy. A scheme with a pinned value (scheme@key=value) skips "
+                    "that key.")
 
 
 def compute_share(workers: list[dict[str, Any]]) -> float | None:

@@ -57,6 +57,7 @@ class Curve:
     color: str
     time_to_target: float | None = None
     faint: bool = False
+    band: tuple[list[float], list[float]] | None = None  # min and max over seeds at each point's time
 
 
 def plot_accuracy(curves: Sequence[Curve], target: float | None, path: Path, time_label: str) -> Path:
@@ -70,6 +71,8 @@ def plot_accuracy(curves: Sequence[Curve], target: float | None, path: Path, tim
             t, acc = zip(*c.points)
             label = None if c.faint or ax is zoom else _curve_label(c)
             ax.plot(t, acc, color=c.color, lw=0.9 if c.faint else 2.0, alpha=0.35 if c.faint else 1.0, label=label)
+            if c.band is not None:
+                ax.fill_between(t, *c.band, color=c.color, alpha=0.15, lw=0)
             if c.time_to_target is not None and target is not None and not c.faint:
                 ax.plot([c.time_to_target], [target], "o", color=c.color, ms=7, mec="white", mew=1.5, zorder=5)
         if target is not None:

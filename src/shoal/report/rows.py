@@ -1,15 +1,16 @@
 """compare.json rows: one per scheme, the run summary plus the speed-up over BSP.
 
-With several seeds a row holds medians; a seed that never reached the
-target counts as infinitely slow, so a median that falls on such a seed is
-reported as "not reached" (null) rather than silently ignoring it.
+With several seeds a row holds medians with intervals; a seed that never
+reached the target counts as infinitely slow, so a median that falls on such
+a seed is reported as "not reached" (null) rather than silently ignoring it.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Any
+
+from shoal.report.tuning import interval, median_time, speedup_interval
 
 SEED_FIELDS = (
     "seed", "run_dir", "time_to_target_s", "final_accuracy", "best_accuracy", "bytes_up", "bytes_down",
@@ -20,12 +21,7 @@ MEDIAN_FIELDS = (
 )
 
 
-def median_time(times: list[float | None]) -> float | None:
-    """Median time to target where None (not reached) counts as infinity; None if the median is unreached."""
-    if not times:
-        return None
-    value = statistics.median(math.inf if t is None else t for t in times)
-    return None if math.isinf(value) else value
+__all__ = ["add_speedups", "median_or_none", "median_time", "seeds_row", "single_row", "speedup", "tuning_entry"]
 
 
 def median_or_none(values: list[Any]) -> Any:
@@ -60,7 +56,10 @@ def seeds_row(scheme: str, summaries: list[dict[str, Any]], run_dirs: list[str],
         "mode": first.get("mode"),
         "target_accuracy": first.get("target_accuracy"),
         "time_to_target_s": median_time([s.get("time_to_target_s") for s in summaries]),
+        "time_to_target_interval": interval([s.get("time_to_target_s") for s in summaries]),
         "reached": sum(s.get("time_to_target_s") is not None for s in summaries),
+        "final_accuracy_interval": interval([s.get("final_accuracy") for s in summaries if s.get("final_accuracy")
+                                             is not None]),
     }
     for key in MEDIAN_FIELDS:
         if any(key in s for s in summaries):
@@ -73,9 +72,28 @@ def seeds_row(scheme: str, summaries: list[dict[str, Any]], run_dirs: list[str],
 
 
 def add_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Set ``speedup_vs_bsp`` on every row (None for all when no plain bsp row exists)."""
+    """Set ``speedup_vs_bsp`` on every row (None for all when no plain bsp row exists).
+
+    Multi-seed rows also get ``speedup_vs_bsp_interval``: the ratio of medians with a bootstrap 90%
+    interval (from five seeds on).
+    """
     bsp = next((r for r in rows if r["scheme"] == "bsp"), None)
     bsp_time = bsp["time_to_target_s"] if bsp is not None else None
     for row in rows:
         row["speedup_vs_bsp"] = speedup(bsp_time, row["time_to_target_s"])
+        if bsp is not None and "seeds" in row and "seeds" in bsp:
+            row["speedup_vs_bsp_interval"] = speedup_interval(_seed_times(bsp), _seed_times(row))
     return rows
+
+
+def _seed_times(row: dict[str, Any]) -> list[float | None]:
+    return [s.get("time_to_target_s") for s in row["seeds"]]
+
+
+def tuning_entry(point: dict[str, Any], summaries: list[dict[str, Any]], run_dirs: list[str]) -> dict[str, Any]:
+    """One ``--tune`` grid point of a scheme: its values, each seed's time to target and final accuracy, medians."""
+    times = [s.get("time_to_target_s") for s in summaries]
+    finals = [s.get("final_accuracy") for s in summaries]
+    return {"point": point, "time_to_target_s": times, "final_accuracy": finals,
+            "median_time_to_target_s": median_time(times), "median_final_accuracy": median_or_none(finals),
+            "reached": sum(t is not None for t in times), "run_dirs": run_dirs}

@@ -2,8 +2,10 @@
 
 A spec names a synchronisation scheme and what is layered on it, e.g.
 ``gssp+gdtopk`` or ``bsp+ina-atp`` (in-network aggregation along the atp
-plan). The tables below are the whole vocabulary, so adding a feature to the
-comparison is one line here.
+plan), and may pin config values after ``@`` (``bsp@optimizer.lr=0.02``),
+which also keeps those keys out of ``--tune`` for that scheme. The tables
+below are the whole vocabulary, so adding a feature to the comparison is one
+line here.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ BASES: dict[str, tuple[str, ...]] = {
     "asp": ("sync.scheme=asp",),
     "ssp": ("sync.scheme=ssp",),
     "gssp": ("sync.scheme=gssp",),
+    "localsgd": ("sync.scheme=localsgd",),
+    "diloco": ("sync.scheme=diloco",),
 }
 
-COMPRESSORS = ("fp16", "topk", "randk", "dgc", "qsgd", "gdtopk")
+COMPRESSORS = ("fp16", "topk", "randk", "dgc", "qsgd", "gdtopk", "powersgd")
 
 PLANNERS = ("grid", "rgria", "exact", "geryon", "atp", "switchml")
 
@@ -37,12 +41,17 @@ class Scheme:
 
     name: str
     overrides: tuple[str, ...]
+    pinned: tuple[tuple[str, str], ...] = ()  # (key, value as written) after "@"
 
 
 def parse_scheme(spec: str) -> Scheme:
-    """Turn ``gssp+sim`` into its overrides; ConfigError on unknown or conflicting parts."""
-    name = spec.strip().lower()
-    base, *mods = name.split("+")
+    """Turn ``gssp+sim@optimizer.lr=0.02`` into its overrides; ConfigError on unknown or conflicting parts."""
+    name = spec.strip()
+    body, *pins = name.split("@")
+    body = body.lower()
+    name = "@".join([body, *pins])
+    pinned = tuple(_pin(p, spec) for p in pins)
+    base, *mods = body.split("+")
     if base not in BASES:
         raise ConfigError(f"--schemes: unknown scheme {base!r} in {spec!r}; choose from {', '.join(BASES)}")
     overrides = list(BASES[base])
@@ -56,7 +65,19 @@ def parse_scheme(spec: str) -> Scheme:
                 raise ConfigError(f"--schemes: {keys[key]!r} and {mod!r} in {spec!r} both set {key}")
             keys[key] = mod
         overrides.extend(MODIFIERS[mod])
-    return Scheme(name, tuple(overrides))
+    for key, value in pinned:
+        if key in keys or any(o.startswith(f"{key}=") for o in BASES[base]):
+            raise ConfigError(f"--schemes: {spec!r} pins {key}, which the scheme itself sets")
+        keys[key] = "@"
+        overrides.append(f"{key}={value}")
+    return Scheme(name, tuple(overrides), pinned)
+
+
+def _pin(text: str, spec: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or not value.strip() or "." not in key:
+        raise ConfigError(f"--schemes: {spec!r}: after @ give section.key=value, e.g. bsp@optimizer.lr=0.02")
+    return key.strip(), value.strip()
 
 
 def parse_schemes(text: str) -> list[Scheme]:
