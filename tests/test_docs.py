@@ -42,8 +42,8 @@ REFERENCE = DOCS / "configuration.md"
 BIN = Path(sys.executable).parent
 REGENERATE = "make docs (or: .venv/bin/python -m shoal.docgen --out docs/configuration.md)"
 #: the pages whose commands and keys this test keeps honest (written for users, not design notes)
-USER_PAGES = ["getting-started.md", "own-profile.md", "schemes/bsp.md", "schemes/asp.md", "schemes/ssp.md",
-              "schemes/gssp.md", "schemes/compression.md"]
+USER_PAGES = ["getting-started.md", "own-profile.md", "fair-comparison.md", "schemes/bsp.md", "schemes/asp.md",
+              "schemes/ssp.md", "schemes/gssp.md", "schemes/localsgd.md", "schemes/diloco.md", "schemes/compression.md"]
 
 
 # -- the generated reference ---------------------------------------------------------

@@ -178,12 +178,23 @@ def test_gssp_splits_emulated_tiers_and_exchanges(ray_session):
     ("compression.method=fp16",),
     ("compression.method=randk", "compression.density=0.3"),
     ("compression.method=dgc", "compression.density=0.1"),
+    ("compression.method=powersgd", "compression.rank=2"),
 ])
 def test_every_scheme_and_compressor_runs(ray_session, extra):
     backend, summary = run_backend(ray_config("run.max_time_s=1", "run.target_accuracy=0.99", *extra))
     assert summary["iterations"] > 8 and summary["final_accuracy"] > 0.2
     if any("compression.method" in e for e in extra):
         assert summary["bytes_up"] < summary["iterations"] * 4 * summary["params"]
+
+
+@pytest.mark.parametrize("scheme", ["localsgd", "diloco"])
+def test_local_sgd_and_diloco_train_on_ray_and_send_only_at_syncs(ray_session, scheme):
+    backend, summary = run_backend(ray_config(f"sync.scheme={scheme}", "sync.local_steps=4", "run.max_time_s=3",
+                                              "run.target_accuracy=0.99"))
+    assert summary["scheme"] == scheme and summary["final_accuracy"] > 0.6
+    syncs = summary["iterations"] / 4  # one full model change per worker and period, nothing in between
+    assert summary["bytes_up"] <= (syncs + 4) * 4 * summary["params"]
+    assert "similarity" not in summary
 
 
 def test_killed_worker_is_dropped_and_training_goes_on(ray_session):

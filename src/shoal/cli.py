@@ -1,6 +1,6 @@
 """The `shoal` command line. Each command lives in `shoal.commands.<name>`.
 
-Exit codes (DESIGN.md): 0 success, 2 bad input (one line, no traceback),
+Exit codes: 0 success, 2 bad input (one line, no traceback),
 1 internal error.
 """
 

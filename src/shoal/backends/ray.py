@@ -51,7 +51,7 @@ from shoal.sync.policies import SSP
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
-#: keeps an embedded Ray on loopback, without usage reporting or token files (DESIGN.md)
+#: keeps an embedded Ray on loopback, without usage reporting or token files
 LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 #: no idle worker processes started ahead (each costs a Python start on a small machine); messages up to
 #: 1 MiB (LeNet-5's parameters) travel inside the actor call instead of through shared memory, which cut

@@ -95,7 +95,7 @@ def build_summary(
     workers: list[WorkerStats],
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The summary.json record (DESIGN.md contract)."""
+    """The summary.json record (the contract other tools read; docs/ARCHITECTURE.md, Outputs)."""
     return {
         "scheme": scheme,
         "backend": backend,

@@ -64,7 +64,7 @@ class Replica:
 
     def _make_optimizer(self, opt: OptimizerConfig) -> torch.optim.Optimizer:
         # Weight decay is added to the weighted gradient in `apply`, not here, so
-        # every scheme decays by the same amount per sample (DESIGN.md weighting).
+        # every scheme decays by the same amount per sample (docs/ARCHITECTURE.md, Update weighting).
         if opt.name == "sgd":
             return torch.optim.SGD([self.params], lr=opt.lr, momentum=opt.momentum)
         return torch.optim.Adam([self.params], lr=opt.lr)

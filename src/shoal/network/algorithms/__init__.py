@@ -41,7 +41,7 @@ class Result:
     notes: dict[str, object] = field(default_factory=dict)
 
     def to_json(self, with_assignment: bool = True) -> dict[str, object]:
-        """The `shoal route --json` record (DESIGN.md's contract, plus detail)."""
+        """The `shoal route --json` record (the route contract, plus detail)."""
         ev = self.evaluation
         out: dict[str, object] = {
             "min_rate_gbps": ev.min_rate_gbps,
