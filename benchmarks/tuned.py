@@ -52,9 +52,9 @@ def run_one(overrides: list[str], key: str) -> dict[str, Any]:
     cfg = load_config(None, overrides)
     with tempfile.TemporaryDirectory() as tmp:
         summary = train(cfg, Path(tmp) / "run")
-        evals = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()
-                 if '"eval"' in line]
-    curve = [(e["t"], e["accuracy"]) for e in evals]
+        events = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()
+                  if '"eval"' in line or '"sim"' in line]
+    curve = [(e["t"], e["accuracy"]) for e in events if e["event"] == "eval"]
     result = {
         "time_to_target_s": summary["time_to_target_s"],
         "final_accuracy": summary["final_accuracy"],
@@ -63,10 +63,24 @@ def run_one(overrides: list[str], key: str) -> dict[str, Any]:
         "bytes_up": summary["bytes_up"], "bytes_down": summary["bytes_down"],
         "bytes_exchange": summary.get("bytes_exchange", 0), "iterations": summary["iterations"],
         "groups": summary["groups"], "wall_s": summary["wall_s"], "curve": curve,
+        "similarity": similarity_stats([e for e in events if e["event"] == "sim"]),
     }
     CACHE.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result))
     return result
+
+
+def similarity_stats(sims: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """SIM runs: quantiles of the raw measured cosine per tensor, the mean period and the bytes saved."""
+    if not sims:
+        return None
+    out: dict[str, Any] = {}
+    for i, name in enumerate(sims[0]["names"]):
+        values = sorted(e["measured"][i] for e in sims if e["measured"][i] is not None)
+        q = lambda f: values[min(len(values) - 1, int(f * len(values)))] if values else None  # noqa: E731
+        out[name] = {"p10": q(0.1), "p50": q(0.5), "p90": q(0.9),
+                     "mean_tau": statistics.mean(e["tau"][i] for e in sims), "bytes_saved": sims[-1]["bytes_saved"][i]}
+    return out
 
 
 def _key(name: str, overrides: list[str]) -> str:
@@ -123,6 +137,7 @@ def rows_of(protocol: dict[str, Any], schemes: list[str]) -> list[dict[str, Any]
             "time": interval([r["time_to_target_s"] for r in mine]),
             "final": interval([r["final_accuracy_last5"] for r in mine]),
             "bytes_up": statistics.median(r["bytes_up"] for r in mine),
+            "bytes_down": statistics.median(r["bytes_down"] for r in mine),
             "bytes_exchange": statistics.median(r["bytes_exchange"] for r in mine),
             "iterations": statistics.median(r["iterations"] for r in mine),
         })
