@@ -77,8 +77,8 @@ def _header(compare: dict[str, Any], rows: list[dict[str, Any]], cfg: dict[str, 
             f'<nav>{nav}</nav></div></header><main>')
 
 
-NAV = [("accuracy", "Accuracy"), ("results", "Results"), ("timeline", "Timelines"), ("groups", "Groups"),
-       ("sim", "SIM"), ("routing", "Routing")]
+NAV = [("accuracy", "Accuracy"), ("results", "Results"), ("tuning", "Tuning"), ("timeline", "Timelines"),
+       ("groups", "Groups"), ("sim", "SIM"), ("routing", "Routing")]
 
 
 def describe_setup(cfg: dict[str, Any], compare: dict[str, Any]) -> str:
