@@ -1,2 +1,29 @@
-"""shoal: data-parallel training on heterogeneous clusters."""
+"""shoal: data-parallel training on heterogeneous clusters.
+
+``shoal.train(config, out=..., overrides=[...])`` runs one training and
+returns a ``Result`` (summary, trained model, run folder);
+``shoal.compare(...)`` runs a comparison; ``shoal.load_model(run_dir)``
+rebuilds a trained module; ``shoal.Config`` is the configuration schema.
+Heavy parts (torch) load on first use, so ``import shoal`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+__all__ = ["Config", "ConfigError", "Result", "__version__", "compare", "load_config", "load_model", "train"]
+
+_LAZY = {
+    "Config": "shoal.config", "ConfigError": "shoal.config", "load_config": "shoal.config",
+    "Result": "shoal.api", "train": "shoal.api", "compare": "shoal.api", "load_model": "shoal.engine.export",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'shoal' has no attribute {name!r}")

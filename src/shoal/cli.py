@@ -27,8 +27,17 @@ app.command("report")(report)
 app.command("route")(route)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from shoal import __version__
+
+        typer.echo(f"shoal {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
     """Data-parallel training on heterogeneous clusters (GSSP, SIM, GDTopK, GRID)."""
 
 

@@ -13,7 +13,7 @@ from shoal.config import Config, ConfigError, to_toml
 from shoal.engine.metrics import RunRecorder, write_json_atomic
 from shoal.engine.setup import RunSetup, build_setup
 
-RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "model.safetensors")
 
 
 def check_out_dir(out: Path, overwrite: bool) -> None:
@@ -70,5 +70,8 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
         summary["data_partition"] = setup.partition_summary()
     if setup.compute_s_measured is not None:
         summary["compute_s_measured"] = setup.compute_s_measured
+    from shoal.engine.export import save_model
+
+    summary["model_file"] = "model.safetensors" if save_model(setup, out) else None
     write_json_atomic(out / "summary.json", summary)
     return summary

@@ -29,7 +29,7 @@ console = Console(stderr=True)
 
 # What marks a folder as holding a run; the same names as shoal.runner.RUN_FILES (importing the runner loads
 # torch, which the checks below run without).
-RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "model.safetensors")
 COMPARE_FILES = ("compare.json", "report.html")
 
 
@@ -65,12 +65,21 @@ def compare(
 ) -> None:
     """Compare schemes (e.g. bsp,ssp,gssp,gssp+gdtopk) on one config and write an HTML report with plots."""
     overrides = list(set_) + ([f"backend.name={backend}"] if backend else [])
+    out = out or Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
+    result, report = run_comparison(config, schemes, seeds, overrides, out, overwrite, quiet, tune,
+                                    command=_command(config, schemes, seeds, set_, backend, out, tune))
+    if not quiet:
+        print_table(result, report)
+
+
+def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: list[str], out: Path, overwrite: bool,
+                   quiet: bool, tune: list[str], command: str | None = None) -> tuple[dict[str, Any], Path]:
+    """Validate everything, run every (scheme, grid point, seed), write compare.json and report.html."""
     grid = parse_tune(tune)
     plan = plan_runs(config, parse_schemes(schemes), seeds, overrides, grid)
-    out = out or Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
     check_compare_dir(out, plan, overwrite)
     check_backends(plan)
-    command = _command(config, schemes, seeds, set_, backend, out, tune)
+    command = command or _command(config, schemes, seeds, overrides, None, out, tune)
     summaries = execute(plan, out, quiet)
     result = build_compare(plan, summaries, seeds, command, grid)
     from shoal.engine.metrics import write_json_atomic
@@ -79,8 +88,7 @@ def compare(
     write_json_atomic(out / "compare.json", result)
     with console.status("drawing the plots and writing report.html") if not quiet else nullcontext():
         report = write_report(out)
-    if not quiet:
-        print_table(result, report)
+    return result, report
 
 
 def plan_runs(config: Path | None, schemes: list[Scheme], seeds: int, overrides: list[str],

@@ -93,4 +93,5 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
         f"{'never' if ttt is None else f'{ttt:.2f}s'}; {summary['iterations']} iterations in "
         f"{summary['elapsed_s']:.2f}s ({summary['backend']} time), wall {summary['wall_s']:.1f}s"
     )
-    out_console.print(f"wrote {out}/summary.json, metrics.jsonl, config.toml")
+    model = ", model.safetensors" if summary.get("model_file") else ""
+    out_console.print(f"wrote {out}/summary.json, metrics.jsonl, config.toml{model}")

@@ -36,6 +36,7 @@ class GradientEngine:
         self.num_params = sum(p.numel() for p in self._params)
         self.num_buffer_values = sum(b.numel() for b in self._buffers)
         self.loss_fn = nn.CrossEntropyLoss()
+        self.evaluated: tuple[torch.Tensor, torch.Tensor] | None = None  # the state of the latest evaluation
 
     @staticmethod
     def _layout(model: nn.Module) -> list[TensorSlot]:
@@ -81,7 +82,8 @@ class GradientEngine:
     def evaluate(
         self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch: int = 1024
     ) -> tuple[float, float]:
-        """Accuracy and mean loss on (x, y)."""
+        """Accuracy and mean loss on (x, y); the state is kept as the run's model (``state_dict``)."""
+        self.evaluated = (params, buffers)
         self._load(params, buffers)
         self.model.eval()
         correct, loss_sum = 0, 0.0
@@ -91,6 +93,11 @@ class GradientEngine:
             loss_sum += float(self.loss_fn(logits, target)) * len(target)
             correct += int((logits.argmax(1) == target).sum())
         return correct / len(y), loss_sum / len(y)
+
+    def state_dict(self, params: torch.Tensor, buffers: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The module's own state-dict (its keys, shapes, dtypes) holding these flat parameters and buffers."""
+        self._load(params, buffers)
+        return {k: v.detach().cpu().clone().contiguous() for k, v in self.model.state_dict().items()}
 
     def measure_compute_s(self, x: torch.Tensor, y: torch.Tensor, repeats: int = 5) -> float:
         """Median wall seconds of one forward+backward pass on this machine."""

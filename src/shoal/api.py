@@ -1,0 +1,69 @@
+"""The Python API: ``shoal.train`` and ``shoal.compare``; the CLI is a thin layer over the same code.
+
+    import shoal
+    result = shoal.train("examples/mnist_tiers.toml", overrides=["sync.scheme=gssp"], out="runs/gssp")
+    result.summary["final_accuracy"], result.model, result.run_dir
+
+Bad input raises ``shoal.ConfigError`` (one line naming the key or file),
+the same error the CLI prints before exiting with code 2.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shoal.config import Config, ConfigError, apply_overrides, build_config, load_config
+
+ConfigLike = str | Path | Mapping[str, Any] | Config
+
+
+@dataclass
+class Result:
+    """One finished run: its summary.json, the trained module (None in cost mode) and its folder."""
+
+    summary: dict[str, Any]
+    model: Any
+    run_dir: Path
+
+
+def resolve_config(config: ConfigLike | None, overrides: Sequence[str] = ()) -> Config:
+    """A path to a TOML file, a dict of sections, or a ``Config``, with ``section.key=value`` overrides."""
+    if isinstance(config, Config):
+        return build_config(apply_overrides(config.model_dump(), list(overrides)))
+    if isinstance(config, Mapping):
+        return build_config(apply_overrides(dict(config), list(overrides)))
+    if config is None or isinstance(config, (str, Path)):
+        return load_config(config, list(overrides))
+    raise ConfigError(f"config: expected a path, a dict or a shoal.Config, got {type(config).__name__}")
+
+
+def train(config: ConfigLike | None = None, *, out: str | Path | None = None, overrides: Sequence[str] = (),
+          progress: bool = True, overwrite: bool = False) -> Result:
+    """Train once and return the summary, the trained model and the run folder (default runs/train-<time>)."""
+    from shoal.commands.train import _progress
+    from shoal.engine.export import load_model
+    from shoal.runner import train as run_training
+
+    cfg = resolve_config(config, overrides)
+    run_dir = Path(out) if out is not None else Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
+    with _progress(not progress, cfg.run.max_time_s) as update:
+        summary = run_training(cfg, run_dir, overwrite=overwrite, progress=update)
+    model = load_model(run_dir) if summary.get("model_file") else None
+    return Result(summary, model, run_dir)
+
+
+def compare(config: str | Path | None = None, *, schemes: Sequence[str] | str, out: str | Path | None = None,
+            seeds: int = 1, overrides: Sequence[str] = (), tune: Sequence[str] = (), progress: bool = True,
+            overwrite: bool = False) -> dict[str, Any]:
+    """Run ``shoal compare`` and return compare.json (its rows, the command that reproduces it)."""
+    from shoal.commands.compare import run_comparison
+
+    names = schemes if isinstance(schemes, str) else ",".join(schemes)
+    folder = Path(out) if out is not None else Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
+    result, _ = run_comparison(Path(config) if config is not None else None, names, seeds, list(overrides), folder,
+                               overwrite, not progress, list(tune))
+    return result

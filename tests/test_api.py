@@ -1,0 +1,80 @@
+"""The Python API (shoal.train, shoal.compare, shoal.load_model) and the model every run writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import shoal
+from conftest import FAST
+from shoal.config import load_config
+from shoal.engine.setup import build_setup
+
+
+def accuracy_of(model: torch.nn.Module, cfg) -> float:
+    """The model's accuracy on the run's own test set (rebuilt from the same seed)."""
+    ds = build_setup(cfg).dataset
+    with torch.no_grad():
+        return int((model(ds.x_test).argmax(1) == ds.y_test).sum()) / len(ds.y_test)
+
+
+@pytest.mark.parametrize("scheme", ["bsp", "gssp"])
+def test_train_returns_the_summary_the_model_and_the_folder(tmp_path, scheme):
+    overrides = [f"sync.scheme={scheme}", "cluster.speeds=[1, 1, 4, 4]"]
+    result = shoal.train(load_config(None, FAST), out=tmp_path / "run", overrides=overrides, progress=False)
+    assert result.run_dir == tmp_path / "run"
+    assert result.summary == json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert result.summary["model_file"] == "model.safetensors"
+    assert isinstance(result.model, torch.nn.Module)
+    # the saved model is the evaluated one (GSSP: the mean of the group replicas): the same accuracy, exactly
+    cfg = load_config(tmp_path / "run" / "config.toml")
+    assert accuracy_of(result.model, cfg) == result.summary["final_accuracy"]
+    again = shoal.load_model(tmp_path / "run")
+    assert again.state_dict().keys() == result.model.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), result.model.state_dict().values()))
+
+
+def test_train_takes_a_path_a_dict_or_a_config(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\nname = "mlp"\nhidden = [16]\n[data]\nname = "digits"\n[run]\nmax_time_s = 0.5\n')
+    from_path = shoal.train(path, out=tmp_path / "a", progress=False)
+    from_dict = shoal.train({"model": {"name": "mlp", "hidden": [16]}, "data": {"name": "digits"},
+                             "run": {"max_time_s": 0.5}}, out=tmp_path / "b", progress=False)
+    from_cfg = shoal.train(shoal.Config.model_validate({"model": {"name": "mlp", "hidden": [16]},
+                                                        "data": {"name": "digits"}, "run": {"max_time_s": 0.5}}),
+                           out=tmp_path / "c", progress=False)
+    assert from_path.summary["final_accuracy"] == from_dict.summary["final_accuracy"] == \
+        from_cfg.summary["final_accuracy"]
+
+
+def test_bad_input_raises_config_error_and_writes_nothing(tmp_path):
+    with pytest.raises(shoal.ConfigError, match="optimizer.lrr: unknown key"):
+        shoal.train({"optimizer": {"lrr": 0.1}}, out=tmp_path / "x", progress=False)
+    with pytest.raises(shoal.ConfigError, match="expected a path, a dict"):
+        shoal.train(42, out=tmp_path / "x", progress=False)  # type: ignore[arg-type]
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(shoal.ConfigError, match="model.safetensors: not found"):
+        shoal.load_model(tmp_path)
+
+
+def test_compare_returns_compare_json(tmp_path):
+    data = shoal.compare(schemes=["bsp", "localsgd"], overrides=FAST + ["run.max_time_s=0.5"], out=tmp_path / "cmp",
+                         progress=False)
+    assert [r["scheme"] for r in data["rows"]] == ["bsp", "localsgd"]
+    assert (tmp_path / "cmp" / "report.html").exists()
+    assert (tmp_path / "cmp" / "bsp" / "model.safetensors").exists()
+
+
+def test_python_dash_m_shoal_and_version():
+    done = subprocess.run([sys.executable, "-m", "shoal", "--version"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == f"shoal {shoal.__version__}"
+
+
+def test_import_shoal_stays_light():
+    code = "import sys, shoal; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False"
