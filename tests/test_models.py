@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import typing
 
 import pytest
 import torch
@@ -15,8 +14,11 @@ SHAPES = {"mnist5k": (1, 28, 28), "digits": (1, 8, 8), "synthetic": (3, 32, 32)}
 
 
 def test_registry_matches_config_choices() -> None:
-    choices = typing.get_args(ModelConfig.model_fields["name"].annotation)
-    assert set(MODELS) == set(choices) == {"lenet5", "mlp", "resnet18", "vgg11"}
+    from shoal.config import MODEL_BUILTINS
+
+    assert set(MODELS) == set(MODEL_BUILTINS) == {"lenet5", "mlp", "resnet18", "vgg11"}
+    with pytest.raises(ValueError, match="unknown model 'lenet6'"):
+        ModelConfig(name="lenet6")
 
 
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())

@@ -37,7 +37,8 @@ class Section(BaseModel):
 
 class RunConfig(Section):
     seed: int = Field(0, description="Seeds data split, sharding, initial weights and stragglers.")
-    target_accuracy: float = Field(0.95, gt=0, le=1, description="Test accuracy that ends the run (fraction).")
+    target_accuracy: float = Field(0.95, gt=0, le=1, description="Test accuracy that ends the run (fraction), when task.metric = \"accuracy\" and run.target is not set.")
+    target: float | None = Field(None, description="Value of task.metric that ends the run (reached when at least it, or at most it for a metric where lower is better); none = target_accuracy for accuracy, no target otherwise.")
     max_time_s: float = Field(600.0, gt=0, description="Time budget: virtual seconds on sim, wall seconds on ray.")
     max_iterations: int = Field(0, ge=0, description="Budget of total worker iterations; 0 = no limit.")
     eval_every_s: float = Field(1.0, gt=0, description="Evaluate the model every this many (virtual) seconds.")
@@ -45,9 +46,29 @@ class RunConfig(Section):
     target_patience: int = Field(3, ge=1, description="Evaluations in a row at or above target_accuracy that count as reaching it; the time reported is the first of them (3: one lucky evaluation on a 1,000-image test set, +-0.75 points of noise, cannot decide a row).")
 
 
+MODEL_BUILTINS = ("lenet5", "mlp", "resnet18", "vgg11")
+
+
+def _plugin_or(builtins: tuple[str, ...], value: str, what: str) -> str:
+    """A built-in name, or a python: plug-in spec with its file path made absolute."""
+    from shoal.plugins import is_plugin, resolve_spec
+
+    if value in builtins:
+        return value
+    if is_plugin(value):
+        return resolve_spec(value)
+    raise ValueError(f"unknown {what} {value!r}; use one of {', '.join(builtins)} or python:FILE.py:FUNCTION")
+
+
 class ModelConfig(Section):
-    name: Literal["lenet5", "mlp", "resnet18", "vgg11"] = Field("lenet5", description="Model architecture.")
+    name: str = Field("lenet5", description="Model: lenet5 | mlp | resnet18 | vgg11 | python:FILE.py:FUNCTION | python:package.module:FUNCTION (called as FUNCTION(input_shape=..., num_classes=..., **model.options), returns a torch.nn.Module).")
     hidden: PositiveInts = Field([256, 128], description="Hidden layer widths of the mlp model.")
+    options: dict[str, Any] = Field({}, description="Keyword arguments passed through to a python: model factory.")
+
+    @field_validator("name")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        return _plugin_or(MODEL_BUILTINS, v, "model")
 
 
 DATA_BUILTINS = ("mnist5k", "digits", "synthetic")
@@ -55,7 +76,8 @@ DATA_FILE_KINDS = ("idx", "cifar10", "npz")
 
 
 class DataConfig(Section):
-    name: str = Field("mnist5k", description="mnist5k | digits | synthetic | idx:PATH | cifar10:PATH | npz:PATH")
+    name: str = Field("mnist5k", description="mnist5k | digits | synthetic | idx:PATH | cifar10:PATH | npz:PATH | python:FILE.py:FUNCTION (FUNCTION(**data.options) returns (train, test), each a Dataset of (x, y) or a pair of tensors).")
+    options: dict[str, Any] = Field({}, description="Keyword arguments passed through to a python: data function.")
     batch_size: int = Field(32, gt=0, description="Mini-batch size per worker iteration.")
     test_fraction: float = Field(0.2, gt=0, lt=1, description="Fraction of the data held out for evaluation.")
     synthetic_samples: int = Field(4000, gt=0, description="Number of samples of the synthetic data set.")
@@ -74,12 +96,45 @@ class DataConfig(Section):
     def _known_source(cls, v: str) -> str:
         if v in DATA_BUILTINS:
             return v
+        if v.startswith("python:"):
+            return _plugin_or(DATA_BUILTINS, v, "data set")
         kind, sep, path = v.partition(":")
         if not sep or kind not in DATA_FILE_KINDS:
             raise ValueError(f"unknown data set {v!r}; use one of {', '.join(DATA_BUILTINS)} or KIND:PATH with KIND in {', '.join(DATA_FILE_KINDS)}")
         if not Path(path).expanduser().exists():
             raise ValueError(f"path {path!r} does not exist")
         return v
+
+
+TASK_LOSSES = ("cross_entropy", "mse")
+TASK_METRICS = ("accuracy", "loss", "perplexity")
+
+
+class TaskConfig(Section):
+    loss: str = Field("cross_entropy", description="Training loss: cross_entropy (class logits, or (N, T, C) sequence logits) | mse | python:FILE.py:FUNCTION (FUNCTION(output, target) returns a scalar tensor).")
+    metric: str = Field("accuracy", description="What evaluations report and run.target is compared with: accuracy | loss | perplexity (exp of the mean cross-entropy) | python:FILE.py:FUNCTION (FUNCTION(output, target) on the whole test set returns a number).")
+    higher_is_better: bool | None = Field(None, description="Direction of task.metric; none = by the metric (accuracy: higher; loss, perplexity: lower). Required for a python: metric.")
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, v: str) -> str:
+        return _plugin_or(TASK_LOSSES, v, "loss")
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, v: str) -> str:
+        return _plugin_or(TASK_METRICS, v, "metric")
+
+    @model_validator(mode="after")
+    def _direction_known(self) -> "TaskConfig":
+        if self.higher_is_better is None and self.metric.startswith("python:"):
+            raise ValueError("higher_is_better: say whether a higher value of your metric is better (true or false)")
+        return self
+
+    @property
+    def higher(self) -> bool:
+        """Whether a higher value of the metric is better."""
+        return self.higher_is_better if self.higher_is_better is not None else self.metric == "accuracy"
 
 
 class OptimizerConfig(Section):
@@ -217,12 +272,19 @@ class Config(Section):
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
+    task: TaskConfig = TaskConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     cluster: ClusterConfig = ClusterConfig()
     sync: SyncConfig = SyncConfig()
     compression: CompressionConfig = CompressionConfig()
     network: NetworkConfig = NetworkConfig()
     backend: BackendConfig = BackendConfig()
+
+    def target(self) -> float | None:
+        """The metric value that ends the run: run.target, else target_accuracy for accuracy, else none."""
+        if self.run.target is not None:
+            return self.run.target
+        return self.run.target_accuracy if self.task.metric == "accuracy" else None
 
     @model_validator(mode="after")
     def _similarity_needs_gradients(self) -> "Config":

@@ -64,8 +64,10 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(to_toml(cfg))
     with open(out / "metrics.jsonl", "a" if in_place else "w") as stream:
-        recorder = RunRecorder(stream=stream, log_iterations=cfg.backend.log_iterations)
+        recorder = RunRecorder(stream=stream, log_iterations=cfg.backend.log_iterations, metric=cfg.task.metric,
+                               higher_is_better=cfg.task.higher)
         summary = run_backend(setup, recorder, progress, out=out, resume=resume)
+    summary.update(recorder.metric_fields(cfg.target()))
     if setup.streams:
         summary["data_partition"] = setup.partition_summary()
     if setup.compute_s_measured is not None:

@@ -707,9 +707,9 @@ class RayBackend:
         t = self.now() if at is None else at
         params, buffers = self.model_state()
         ds = self.setup.dataset
-        accuracy, loss = self.setup.engine.evaluate(params, buffers, ds.x_test, ds.y_test)
-        self.recorder.evaluation(round(t, 6), accuracy, loss, self.cfg.run.target_accuracy,
-                                         self.cfg.run.target_patience)
+        ev = self.setup.engine.evaluate(params, buffers, ds.x_test, ds.y_test)
+        self.recorder.evaluation(round(t, 6), ev.value, ev.loss, self.cfg.target(), self.cfg.run.target_patience,
+                                 accuracy=ev.accuracy)
         if self.recorder.time_to_target_s is not None and self.cfg.run.stop_at_target:  # also: reached before a resume
             self.stop_reason = "target_reached"
         if self.cfg.compression.method != "none" and self.gssp is not None:

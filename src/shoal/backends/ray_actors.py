@@ -47,9 +47,8 @@ from shoal.compress.codec import DELTA_SALT, worker_codec
 from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
 from shoal.config import Config, OptimizerConfig
 from shoal.data import BatchStream, Dataset
-from shoal.engine.gradients import GradientEngine
+from shoal.engine.setup import build_engine
 from shoal.engine.replica import Replica
-from shoal.models import build_model
 from shoal.sync import PeriodicSchedule, SyncPolicy
 
 STOP, MOVED, OK = "stop", "moved", "ok"
@@ -464,8 +463,8 @@ class Worker:
         self.device = self._device(cfg.backend.gpus_per_worker)
         shard = Dataset("shard", torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y)),
                         torch.empty(0), torch.empty(0, dtype=torch.long), num_classes)
-        model = build_model(cfg.model.name, shard.input_shape, num_classes, hidden=cfg.model.hidden).to(self.device)
-        self.engine = GradientEngine(model)
+        self.engine = build_engine(cfg, shard.input_shape, num_classes)
+        self.engine.model.to(self.device)
         # positions within the shard permute exactly like the sim backend's shard indices
         self.stream = BatchStream(shard, np.arange(len(y)), cfg.data.batch_size, cfg.run.seed, worker)
         self.codec = self._codec()

@@ -516,9 +516,10 @@ class SimBackend:
         if self.setup.train_mode:
             params, buffers = self.model_state()
             ds = self.setup.dataset
-            accuracy, loss = self.setup.engine.evaluate(params, buffers, ds.x_test, ds.y_test)
-            reached = self.recorder.evaluation(self.env.now, accuracy, loss, self.cfg.run.target_accuracy,
-                                         self.cfg.run.target_patience)
+            ev = self.setup.engine.evaluate(params, buffers, ds.x_test, ds.y_test)
+            accuracy = ev.accuracy
+            reached = self.recorder.evaluation(self.env.now, ev.value, ev.loss, self.cfg.target(),
+                                               self.cfg.run.target_patience, accuracy=ev.accuracy)
             if reached and self.cfg.run.stop_at_target:
                 self._finish("target_reached")
         if self.codecs and self.gssp is not None:

@@ -86,11 +86,19 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
     out_console = Console()
     out_console.print(table)
     ttt = summary["time_to_target_s"]
-    acc = summary["final_accuracy"]
+    metric = summary.get("metric", "accuracy")
+    final, best, target = (summary.get("final_metric"), summary.get("best_metric"), summary.get("target"))
+    if metric == "accuracy":
+        final, best = summary["final_accuracy"], summary["best_accuracy"]
+    fmt = (lambda v: "-" if v is None else f"{v:.4f}")  # noqa: E731
+    if target is None:
+        reached = "no target"
+    elif ttt is None:
+        reached = f"target {target:g} not reached"
+    else:
+        reached = f"target {target:g} reached at {ttt:.2f}s"
     out_console.print(
-        f"final accuracy {acc if acc is None else f'{acc:.4f}'} (best {summary['best_accuracy']}), "
-        f"target {summary['target_accuracy']} reached at "
-        f"{'never' if ttt is None else f'{ttt:.2f}s'}; {summary['iterations']} iterations in "
+        f"final {metric} {fmt(final)} (best {fmt(best)}), {reached}; {summary['iterations']} iterations in "
         f"{summary['elapsed_s']:.2f}s ({summary['backend']} time), wall {summary['wall_s']:.1f}s"
     )
     model = ", model.safetensors" if summary.get("model_file") else ""

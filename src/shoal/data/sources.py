@@ -71,10 +71,9 @@ class Dataset:
     num_classes: int
 
     @property
-    def input_shape(self) -> tuple[int, int, int]:
-        """(C, H, W) of one sample: what a model needs to size its layers."""
-        c, h, w = self.x_train.shape[1:]
-        return int(c), int(h), int(w)
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one sample ((C, H, W) for images): what a model needs to size its layers."""
+        return tuple(int(s) for s in self.x_train.shape[1:])
 
 
 class Raw(NamedTuple):
@@ -87,10 +86,13 @@ class Raw(NamedTuple):
     num_classes: int | None = None  # None: max label + 1
 
 
-def load_dataset(spec: str, *, seed: int, test_fraction: float, synthetic_samples: int = 4000) -> Dataset:
+def load_dataset(spec: str, *, seed: int, test_fraction: float, synthetic_samples: int = 4000,
+                 options: dict[str, Any] | None = None) -> Dataset:
     """Load, split and normalise the data set named by ``spec`` (see the module docstring)."""
     if not 0 < test_fraction < 1:
         raise ConfigError(f"data set {spec!r}: test_fraction must be between 0 and 1, got {test_fraction}")
+    if spec.startswith("python:"):
+        return load_plugin_dataset(spec, options or {})
     try:
         raw = _load_raw(spec, seed, synthetic_samples)
         return _assemble(spec, raw, seed, test_fraction)
@@ -113,6 +115,55 @@ def _load_raw(spec: str, seed: int, synthetic_samples: int) -> Raw:
     if not path_text or not path.exists():
         raise ConfigError(f"{path}: not found")
     return loaders[kind](path)
+
+
+# ---------------------------------------------------------------- a user's data
+
+
+def load_plugin_dataset(spec: str, options: dict[str, Any]) -> Dataset:
+    """``python:FILE.py:FUNCTION``: FUNCTION(**options) returns (train, test), each a torch Dataset of (x, y)
+    pairs or a pair of tensors (x, y); used as given (no normalisation, no split)."""
+    from shoal.plugins import call, load_function
+
+    result = call(load_function(spec, "data.name"), "data.name", spec, **options)
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise ConfigError(f"data.name {spec!r}: must return (train, test), got {type(result).__name__}")
+    (x, y), (x_test, y_test) = (_tensors(part, spec, side) for part, side in zip(result, ("train", "test")))
+    if x.shape[1:] != x_test.shape[1:]:
+        raise ConfigError(f"data.name {spec!r}: train samples have shape {tuple(x.shape[1:])} but test samples "
+                          f"{tuple(x_test.shape[1:])}")
+    if y.is_floating_point():
+        num_classes = int(y.shape[1]) if y.dim() > 1 else 1
+    else:
+        num_classes = int(max(int(y.max()), int(y_test.max()))) + 1
+        if int(min(int(y.min()), int(y_test.min()))) < 0:
+            raise ConfigError(f"data.name {spec!r}: integer labels must be >= 0")
+    return Dataset(spec, x, y, x_test, y_test, num_classes)
+
+
+def _tensors(part: Any, spec: str, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) tensors from a pair of tensors/arrays or from a Dataset of (x, y) items."""
+    try:
+        if isinstance(part, (tuple, list)) and len(part) == 2 and not isinstance(part[0], (tuple, list)):
+            x, y = torch.as_tensor(part[0]), torch.as_tensor(part[1])
+        else:
+            items = [part[i] for i in range(len(part))]
+            x = torch.stack([torch.as_tensor(a) for a, _ in items])
+            y = torch.stack([torch.as_tensor(b) for _, b in items])
+    except Exception as err:  # noqa: BLE001 - whatever the user returned
+        raise ConfigError(f"data.name {spec!r}: the {side} part is neither (x, y) tensors nor a Dataset of (x, y) "
+                          f"pairs ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+    if len(x) == 0 or len(x) != len(y):
+        raise ConfigError(f"data.name {spec!r}: the {side} part has {len(x)} inputs and {len(y)} targets")
+    if x.is_floating_point():
+        x = x.float()
+    if y.is_floating_point():
+        y = y.float()
+    else:
+        y = y.long()
+    if not (torch.isfinite(x).all() if x.is_floating_point() else True):
+        raise ConfigError(f"data.name {spec!r}: the {side} inputs hold NaN or infinite values")
+    return x.contiguous(), y.contiguous()
 
 
 # ---------------------------------------------------------------- assembly

@@ -1,5 +1,8 @@
 """The trained model comes out: ``model.safetensors`` plus ``model.json`` (how to rebuild the module).
 
+A run with a ``python:`` model records the factory's absolute file path (or
+module path) and options, so ``load_model`` needs that file where it was.
+
 Every run writes the model it evaluated last (for GSSP the mean of the group
 replicas), under the module's own state-dict keys, so it loads into the
 user's module with ``load_state_dict``. Nothing is pickled: ``model.json``
@@ -39,13 +42,13 @@ def save_model(setup: RunSetup, out: Path) -> bool:
 def factory_record(cfg: Config, setup: RunSetup) -> dict[str, Any]:
     """What ``load_model`` needs to build the same module again."""
     ds = setup.dataset
-    return {"name": cfg.model.name, "hidden": cfg.model.hidden, "input_shape": list(ds.input_shape),
-            "num_classes": ds.num_classes, "format": "shoal-model/1"}
+    return {"name": cfg.model.name, "hidden": cfg.model.hidden, "options": cfg.model.options,
+            "input_shape": list(ds.input_shape), "num_classes": ds.num_classes, "format": "shoal-model/1"}
 
 
 def load_model(run_dir: str | Path) -> torch.nn.Module:
     """The trained module of a run folder: rebuilt through the recorded factory, weights from safetensors."""
-    from shoal.models import build_model
+    from shoal.models import build_module
 
     run_dir = Path(run_dir)
     weights, record_path = run_dir / MODEL_FILE, run_dir / FACTORY_FILE
@@ -56,7 +59,9 @@ def load_model(run_dir: str | Path) -> torch.nn.Module:
         record = json.loads(record_path.read_text())
     except json.JSONDecodeError as err:
         raise ConfigError(f"{record_path}: not valid JSON: {err}") from None
-    model = build_model(record["name"], tuple(record["input_shape"]), record["num_classes"], hidden=record["hidden"])
+    torch.manual_seed(0)  # the factory's initial weights are overwritten; seeding keeps it deterministic anyway
+    model = build_module(record["name"], tuple(record["input_shape"]), record["num_classes"], hidden=record["hidden"],
+                         options=record.get("options") or {})
     try:
         model.load_state_dict(load_file(str(weights)))
     except (RuntimeError, OSError) as err:

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from shoal.engine.task import DEFAULT_TASK, Evaluation, Task
+
 
 @dataclass(frozen=True)
 class TensorSlot:
@@ -28,14 +30,14 @@ class TensorSlot:
 class GradientEngine:
     """Computes gradients and accuracy for flat parameter vectors on one module."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, task: Task = DEFAULT_TASK) -> None:
         self.model = model
+        self.task = task
         self._params = list(model.parameters())
         self._buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.layout = self._layout(model)
         self.num_params = sum(p.numel() for p in self._params)
         self.num_buffer_values = sum(b.numel() for b in self._buffers)
-        self.loss_fn = nn.CrossEntropyLoss()
         self.evaluated: tuple[torch.Tensor, torch.Tensor] | None = None  # the state of the latest evaluation
 
     @staticmethod
@@ -71,7 +73,7 @@ class GradientEngine:
         self.model.train()
         for p in self._params:
             p.grad = None
-        loss = self.loss_fn(self.model(x), y)
+        loss = self.task.loss(self.model(x), y)
         loss.backward()
         loss = loss.detach()
         grad = torch.cat([p.grad.reshape(-1) for p in self._params])
@@ -81,18 +83,16 @@ class GradientEngine:
     @torch.no_grad()
     def evaluate(
         self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch: int = 1024
-    ) -> tuple[float, float]:
-        """Accuracy and mean loss on (x, y); the state is kept as the run's model (``state_dict``)."""
+    ) -> Evaluation:
+        """The task's metric, mean loss and accuracy on (x, y); the state is kept as the run's model."""
         self.evaluated = (params, buffers)
         self._load(params, buffers)
         self.model.eval()
-        correct, loss_sum = 0, 0.0
+        outputs, targets = [], []
         for start in range(0, len(y), batch):
-            logits = self.model(x[start : start + batch])
-            target = y[start : start + batch]
-            loss_sum += float(self.loss_fn(logits, target)) * len(target)
-            correct += int((logits.argmax(1) == target).sum())
-        return correct / len(y), loss_sum / len(y)
+            outputs.append(self.model(x[start : start + batch]))
+            targets.append(y[start : start + batch])
+        return self.task.judge(outputs, targets)
 
     def state_dict(self, params: torch.Tensor, buffers: torch.Tensor) -> dict[str, torch.Tensor]:
         """The module's own state-dict (its keys, shapes, dtypes) holding these flat parameters and buffers."""

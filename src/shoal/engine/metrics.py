@@ -39,6 +39,10 @@ class RunRecorder:
     bytes_down: float = 0.0
     best_accuracy: float | None = None
     time_to_target_s: float | None = None
+    metric: str = "accuracy"
+    higher_is_better: bool = True
+    best_metric: float | None = None
+    last_metric: float | None = None
     _streak: list[float] = field(default_factory=list)  # times of the evaluations in a row at or above the target
 
     def event(self, kind: str, **fields: Any) -> None:
@@ -50,19 +54,30 @@ class RunRecorder:
         if self.log_iterations:
             self.event("iteration", **fields)
 
-    def evaluation(self, t: float, accuracy: float, loss: float, target: float, patience: int = 1) -> bool:
-        """Record an evaluation; True the first time ``patience`` evaluations in a row reached the target.
+    def evaluation(self, t: float, value: float, loss: float, target: float | None, patience: int = 1, *,
+                   accuracy: float | None = None) -> bool:
+        """Record an evaluation of the metric; True the first time ``patience`` evaluations in a row reached the
+        target (at least it, or at most it when lower is better; None: no target).
 
         The time to target is then the first evaluation of that streak, so
         patience makes the result trustworthy without making it later.
         """
-        record = {"t": t, "accuracy": accuracy, "loss": loss, "iterations": self.iterations}
+        if self.metric == "accuracy":
+            accuracy = value
+        record: dict[str, Any] = {"t": t, "accuracy": accuracy, "loss": loss, "iterations": self.iterations}
+        if self.metric != "accuracy":
+            record.update(metric=self.metric, value=value)
         self.evals.append(record)
         self.event("eval", **record)
-        self.best_accuracy = accuracy if self.best_accuracy is None else max(self.best_accuracy, accuracy)
-        if self.time_to_target_s is not None:
+        if accuracy is not None:
+            self.best_accuracy = accuracy if self.best_accuracy is None else max(self.best_accuracy, accuracy)
+        better = max if self.higher_is_better else min
+        self.best_metric = value if self.best_metric is None else better(self.best_metric, value)
+        self.last_metric = value
+        if self.time_to_target_s is not None or target is None:
             return False
-        self._streak = [*self._streak, t] if accuracy >= target else []
+        hit = value >= target if self.higher_is_better else value <= target
+        self._streak = [*self._streak, t] if hit else []
         if len(self._streak) >= patience:
             self.time_to_target_s = self._streak[0]
             return True
@@ -71,6 +86,11 @@ class RunRecorder:
     @property
     def final_accuracy(self) -> float | None:
         return self.evals[-1]["accuracy"] if self.evals else None
+
+    def metric_fields(self, target: float | None) -> dict[str, Any]:
+        """summary.json's metric fields: which metric, its direction, target, final and best values."""
+        return {"metric": self.metric, "higher_is_better": self.higher_is_better, "target": target,
+                "final_metric": self.last_metric, "best_metric": self.best_metric}
 
 
 def _jsonable(value: Any) -> Any:

@@ -10,7 +10,8 @@ from shoal.cluster import ClusterProfile, build_profile
 from shoal.config import Config, ConfigError
 from shoal.data import BatchStream, Dataset, class_histograms, load_dataset, partition_indices
 from shoal.engine.gradients import GradientEngine
-from shoal.models import build_model
+from shoal.engine.task import Task
+from shoal.models import build_module
 from shoal.network.training import AggregationPlan, plan_aggregation
 
 
@@ -49,10 +50,12 @@ class RunSetup:
 
     def partition_summary(self) -> dict[str, object]:
         """summary.json's ``partition``: how the data was split and each worker's class histogram."""
-        labels = self.dataset.y_train.numpy()
+        labels = self.dataset.y_train
         shards = [s.shard for s in self.streams]
-        return {"partition": self.cfg.data.partition,
-                "class_counts": class_histograms(labels, shards, self.dataset.num_classes)}
+        counts = None
+        if labels.dim() == 1 and not labels.is_floating_point():  # one class label per sample
+            counts = class_histograms(labels.numpy(), shards, self.dataset.num_classes)
+        return {"partition": self.cfg.data.partition, "class_counts": counts}
 
 
 def build_setup(cfg: Config) -> RunSetup:
@@ -64,9 +67,10 @@ def build_setup(cfg: Config) -> RunSetup:
         seed=cfg.run.seed,
         test_fraction=cfg.data.test_fraction,
         synthetic_samples=cfg.data.synthetic_samples,
+        options=cfg.data.options,
     )
-    model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, hidden=cfg.model.hidden)
-    engine = GradientEngine(model)
+    engine = build_engine(cfg, dataset.input_shape, dataset.num_classes)
+    check_fit(engine, dataset, cfg)
     measured = None
     if cfg.cluster.compute_s == 0:
         batch = min(cfg.data.batch_size, len(dataset.y_train))
@@ -74,6 +78,29 @@ def build_setup(cfg: Config) -> RunSetup:
     profile = build_profile(cfg.cluster, cfg.run.seed, compute_s=measured)
     aggregation = plan_aggregation(cfg) if cfg.network.aggregation == "ina" else None
     return RunSetup(cfg, dataset, engine, profile, _streams(cfg, dataset), measured, aggregation)
+
+
+def build_engine(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> GradientEngine:
+    """The model (built-in or the user's factory) and the task (loss, metric): the same in every process."""
+    model = build_module(cfg.model.name, input_shape, num_classes, hidden=cfg.model.hidden, options=cfg.model.options)
+    return GradientEngine(model, Task.from_config(cfg.task))
+
+
+def check_fit(engine: GradientEngine, dataset: Dataset, cfg: Config) -> None:
+    """One forward pass and loss on two samples, so a model that does not fit the data fails before the run."""
+    x, y = dataset.x_train[:2], dataset.y_train[:2]
+    try:
+        with torch.no_grad():
+            out = engine.model(x)
+            loss = engine.task.loss(out, y)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - shapes the user's model, data or loss disagree on
+        text = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"model {cfg.model.name!r} on data {cfg.data.name!r} with task.loss {cfg.task.loss!r}: "
+                          f"a forward pass on input {tuple(x.shape)} failed: {text}") from None
+    if not torch.isfinite(loss).all():
+        raise ConfigError(f"task.loss {cfg.task.loss!r}: not finite on the first samples")
 
 
 def _streams(cfg: Config, dataset: Dataset) -> list[BatchStream]:
@@ -86,6 +113,8 @@ def _streams(cfg: Config, dataset: Dataset) -> list[BatchStream]:
             f"cluster.workers: {cfg.cluster.workers} workers but only {n_train} training samples to shard"
         )
     labels = dataset.y_train.numpy()
+    if cfg.data.partition != "iid" and (labels.ndim != 1 or dataset.y_train.is_floating_point()):
+        raise ConfigError(f"data.partition: {cfg.data.partition} needs one class label per sample; use iid")
     try:
         shards = partition_indices(labels, cfg.cluster.workers, cfg.run.seed, cfg.data.partition)
     except ValueError as err:

@@ -8,6 +8,7 @@ weights come from torch's global RNG: the caller seeds it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
@@ -43,9 +44,27 @@ def build_model(
     return MODELS[name](shape, num_classes, hidden=hidden)
 
 
+def build_module(name: str, input_shape: tuple[int, ...], num_classes: int, *, hidden: list[int] | None = None,
+                 options: dict[str, Any] | None = None) -> nn.Module:
+    """A built-in model by name, or a user's ``python:`` factory called as
+    ``FUNCTION(input_shape=..., num_classes=..., **options)``; bad input raises ConfigError."""
+    from shoal.plugins import call, is_plugin, load_function
+
+    if not is_plugin(name):
+        return build_model(name, tuple(input_shape), num_classes, hidden=hidden)  # type: ignore[arg-type]
+    factory = load_function(name, "model.name")
+    model = call(factory, "model.name", name, input_shape=tuple(input_shape), num_classes=num_classes,
+                 **(options or {}))
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model.name {name!r}: returned {type(model).__name__}, not a torch.nn.Module")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"model.name {name!r}: the module has no trainable parameters")
+    return model
+
+
 def parameter_count(model: nn.Module) -> int:
     """Trainable parameters: what a worker sends per full gradient."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-__all__ = ["MODELS", "build_model", "parameter_count"]
+__all__ = ["MODELS", "build_model", "build_module", "parameter_count"]

@@ -1,0 +1,108 @@
+"""A user's own code by import path: ``python:FILE.py:FUNCTION`` or ``python:package.module:FUNCTION``.
+
+``model.name``, ``data.name``, ``task.loss`` and ``task.metric`` accept such
+a spec. A file path is resolved against the working directory when the
+config is read and stored absolute, so every process of a run (ray workers
+included) loads the same file; a module path is imported with the working
+directory on ``sys.path``, as ``python -m`` would. Anything that goes wrong
+is one ``ConfigError`` naming the plug-in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shoal.config import ConfigError
+
+PREFIX = "python:"
+_loaded: dict[str, Callable[..., Any]] = {}
+
+
+def is_plugin(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """``python:TARGET:FUNCTION`` -> (TARGET, FUNCTION); ValueError when malformed."""
+    body = spec[len(PREFIX):]
+    target, sep, function = body.rpartition(":")
+    if not sep or not target or not function.isidentifier():
+        raise ValueError(f"{spec!r}: expected python:FILE.py:FUNCTION or python:package.module:FUNCTION")
+    return target, function
+
+
+def resolve_spec(spec: str) -> str:
+    """The spec with a file path made absolute (checked to exist); module paths are kept as written."""
+    target, function = split_spec(spec)
+    if not target.endswith(".py"):
+        return spec
+    path = Path(target).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{spec!r}: file {target} not found")
+    return f"{PREFIX}{path.resolve()}:{function}"
+
+
+def load_function(spec: str, what: str) -> Callable[..., Any]:
+    """Import the plug-in's function (once per process); ``what`` names the key in errors."""
+    if spec in _loaded:
+        return _loaded[spec]
+    try:
+        target, function = split_spec(spec)
+    except ValueError as err:
+        raise ConfigError(f"{what}: {err}") from None
+    module = _import_file(target, what) if target.endswith(".py") else _import_module(target, what)
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise ConfigError(f"{what} {spec!r}: {target} has no function {function!r}")
+    _loaded[spec] = fn
+    return fn
+
+
+def _import_file(target: str, what: str) -> Any:
+    path = Path(target)
+    if not path.is_file():
+        raise ConfigError(f"{what}: plug-in file {target} not found")
+    name = f"shoal_plugin_{path.stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as err:  # noqa: BLE001 - the user's code: any failure is bad input, reported in one line
+        del sys.modules[name]
+        raise ConfigError(f"{what}: importing {target} failed: {type(err).__name__}: {_first_line(err)}") from None
+    return module
+
+
+def _import_module(target: str, what: str) -> Any:
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(target)
+    except Exception as err:  # noqa: BLE001 - as above
+        raise ConfigError(f"{what}: importing {target} failed: {type(err).__name__}: {_first_line(err)}") from None
+
+
+def call(fn: Callable[..., Any], what: str, spec: str, **kwargs: Any) -> Any:
+    """Call a plug-in; an exception inside it becomes one line naming the plug-in."""
+    try:
+        return fn(**kwargs)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the user's code
+        raise ConfigError(f"{what} {spec!r} raised {type(err).__name__}: {_first_line(err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else "(no message)"
