@@ -197,6 +197,23 @@ def test_local_sgd_and_diloco_train_on_ray_and_send_only_at_syncs(ray_session, s
     assert "similarity" not in summary
 
 
+def test_a_plugin_model_from_a_folder_outside_the_project_trains_on_ray(ray_session, tmp_path):
+    """The user's file is loaded in every worker actor; the run's model.safetensors loads back through it."""
+    import shoal
+
+    (tmp_path / "user_model.py").write_text(
+        "from torch import nn\n"
+        "def build(input_shape, num_classes, width=32):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, num_classes))\n")
+    cfg = ray_config(f"model.name=\"python:{tmp_path}/user_model.py:build\"", "run.max_time_s=30")
+    summary = train(cfg, tmp_path / "run")
+    assert summary["backend"] == "ray" and summary["stop_reason"] == "target_reached"
+    model = shoal.load_model(tmp_path / "run")
+    ds = build_setup(cfg).dataset
+    with torch.no_grad():
+        assert int((model(ds.x_test).argmax(1) == ds.y_test).sum()) / len(ds.y_test) == summary["final_accuracy"]
+
+
 def test_killed_worker_is_dropped_and_training_goes_on(ray_session):
     """SIGKILL a worker mid-run under BSP: the barrier releases, the failure is recorded, no hang."""
     killed: dict[str, float] = {}

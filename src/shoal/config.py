@@ -125,12 +125,6 @@ class TaskConfig(Section):
     def _known_metric(cls, v: str) -> str:
         return _plugin_or(TASK_METRICS, v, "metric")
 
-    @model_validator(mode="after")
-    def _direction_known(self) -> "TaskConfig":
-        if self.higher_is_better is None and self.metric.startswith("python:"):
-            raise ValueError("higher_is_better: say whether a higher value of your metric is better (true or false)")
-        return self
-
     @property
     def higher(self) -> bool:
         """Whether a higher value of the metric is better."""
@@ -288,6 +282,8 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _similarity_needs_gradients(self) -> "Config":
+        if self.task.higher_is_better is None and self.task.metric.startswith("python:"):
+            raise ValueError("task.higher_is_better: say whether a higher value of your metric is better (true or false)")
         if self.compression.similarity.enabled and self.backend.mode == "cost":
             raise ValueError("compression.similarity: SIM measures real gradients, so it needs backend.mode = \"train\"")
         if self.sync.scheme in LOCAL_SCHEMES:

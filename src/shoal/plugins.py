@@ -66,8 +66,11 @@ def load_function(spec: str, what: str) -> Callable[..., Any]:
 
 def _import_file(target: str, what: str) -> Any:
     path = Path(target)
-    if not path.is_file():
-        raise ConfigError(f"{what}: plug-in file {target} not found")
+    if not path.is_file():  # on another node of a Ray cluster the file's folder was shipped onto sys.path
+        try:
+            return importlib.import_module(path.stem)
+        except ImportError:
+            raise ConfigError(f"{what}: plug-in file {target} not found") from None
     name = f"shoal_plugin_{path.stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]}"
     if name in sys.modules:
         return sys.modules[name]

@@ -159,27 +159,42 @@ def start_local_ray(num_cpus: int) -> None:
     )
 
 
-def _join_cluster(address: str) -> None:
+def plugin_folders(cfg: Config) -> list[str]:
+    """The folders of the run's python:FILE.py plug-ins (model, data, loss, metric)."""
+    from shoal.plugins import is_plugin, split_spec
+
+    specs = [cfg.model.name, cfg.data.name, cfg.task.loss, cfg.task.metric]
+    files = [split_spec(s)[0] for s in specs if is_plugin(s)]
+    return sorted({str(Path(f).parent) for f in files if f.endswith(".py")})
+
+
+def _join_cluster(address: str, plugin_dirs: list[str]) -> None:
+    """Join a cluster; the folders of the run's plug-in files travel to every node (Ray ``py_modules``)."""
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    runtime_env = {"py_modules": plugin_dirs} if plugin_dirs else None
     try:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
+        ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
     except (ConnectionError, RuntimeError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"backend.address {address!r}: cannot join the Ray cluster: {first}") from None
 
 
 @contextmanager
-def ray_session(backend: BackendConfig, cpus_needed: float) -> Iterator[str]:
-    """Use a Ray already initialised in this process, else start (local) or join one; undo at exit."""
+def ray_session(backend: BackendConfig, cpus_needed: float, plugin_dirs: list[str] = ()) -> Iterator[str]:
+    """Use a Ray already initialised in this process, else start (local) or join one; undo at exit.
+
+    Local mode shares this machine's files, so plug-in files load from their absolute paths; on a cluster
+    their folders are shipped with the job.
+    """
     import ray
 
     if ray.is_initialized():
         yield "existing"
         return
     if backend.address:
-        _join_cluster(backend.address)
+        _join_cluster(backend.address, list(plugin_dirs))
         where = backend.address
     else:
         cpus = backend.local_cpus or os.cpu_count() or 1
@@ -798,7 +813,8 @@ class RayBackend:
     def run(self) -> dict[str, Any]:
         """Train until a stopping rule fires (or Ctrl-C / SIGTERM); return the summary record."""
         wall_start = time.perf_counter()
-        with ray_session(self.cfg.backend, self._cpus_needed()) as where, _sigterm_as_interrupt():
+        with ray_session(self.cfg.backend, self._cpus_needed(), plugin_folders(self.cfg)) as where, \
+                _sigterm_as_interrupt():
             self.where = where
             try:
                 self._start()

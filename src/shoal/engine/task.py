@@ -50,7 +50,6 @@ class Task:
     metric: str = "accuracy"
     metric_fn: Callable[[torch.Tensor, torch.Tensor], float] | None = None
     higher_is_better: bool = True
-    classifies: bool = True  # outputs are class logits (accuracy is defined)
 
     @classmethod
     def from_config(cls, task: TaskConfig) -> "Task":
@@ -61,7 +60,7 @@ class Task:
         metric_fn = load_function(task.metric, "task.metric") if is_plugin(task.metric) else None
         if task.metric == "perplexity" and task.loss not in ("cross_entropy",):
             raise ConfigError("task.metric: perplexity is exp(cross-entropy); it needs task.loss = \"cross_entropy\"")
-        return cls(loss, task.metric, metric_fn, task.higher, task.loss == "cross_entropy")
+        return cls(loss, task.metric, metric_fn, task.higher)
 
     def judge(self, outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> Evaluation:
         """The metric, mean loss and accuracy over batches of outputs (weighted by their number of targets)."""
@@ -69,7 +68,7 @@ class Task:
         total = sum(counts)
         loss = sum(float(self.loss(o, t)) * n for o, t, n in zip(outputs, targets, counts)) / total
         accuracy = None
-        if self.classifies:
+        if all(_class_logits(o, t) for o, t in zip(outputs, targets)):
             accuracy = sum(int((o.argmax(-1) == t).sum()) for o, t in zip(outputs, targets)) / total
         if self.metric_fn is not None:
             value = self._plugin_metric(torch.cat(outputs), torch.cat(targets))
@@ -89,6 +88,11 @@ class Task:
         except Exception as err:  # noqa: BLE001 - the user's code
             raise ConfigError(f"task.metric raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
         return value
+
+
+def _class_logits(output: torch.Tensor, target: torch.Tensor) -> bool:
+    """Integer targets with one more output dimension (the classes): accuracy is defined."""
+    return not target.is_floating_point() and output.dim() == target.dim() + 1
 
 
 def _checked_loss(fn: Callable[..., torch.Tensor], spec: str) -> Loss:

@@ -29,13 +29,16 @@ MIN_SIDE = 4  # smallest input side every model handles
 
 
 def build_model(
-    name: str, input_shape: tuple[int, int, int], num_classes: int, *, hidden: list[int] | None = None
+    name: str, input_shape: tuple[int, ...], num_classes: int, *, hidden: list[int] | None = None
 ) -> nn.Module:
-    """Build ``name`` for inputs of ``input_shape`` (C, H, W); bad input raises ConfigError."""
+    """Build ``name`` for inputs of ``input_shape`` ((C, H, W); the mlp takes any shape); bad input raises
+    ConfigError."""
     if name not in MODELS:
         raise ConfigError(f"model.name: unknown model {name!r}; use one of {', '.join(MODELS)}")
     shape = tuple(int(s) for s in input_shape)
-    if len(shape) != 3 or shape[0] < 1 or min(shape[1:]) < MIN_SIDE:
+    if name == "mlp" and shape and min(shape) >= 1:  # it flattens: any sample shape will do
+        pass
+    elif len(shape) != 3 or shape[0] < 1 or min(shape[1:]) < MIN_SIDE:
         raise ConfigError(f"model {name}: input shape {tuple(input_shape)} must be (C, H, W) with H, W >= {MIN_SIDE}")
     if num_classes < 2:
         raise ConfigError(f"model {name}: needs at least 2 classes, got {num_classes}")

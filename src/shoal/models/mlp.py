@@ -13,7 +13,7 @@ from torch import nn
 DEFAULT_HIDDEN = [256, 128]
 
 
-def mlp(input_shape: tuple[int, int, int], num_classes: int, *, hidden: list[int] | None = None) -> nn.Module:
+def mlp(input_shape: tuple[int, ...], num_classes: int, *, hidden: list[int] | None = None) -> nn.Module:
     widths = list(DEFAULT_HIDDEN if hidden is None else hidden)
     layers: list[nn.Module] = [nn.Flatten()]
     previous = math.prod(input_shape)

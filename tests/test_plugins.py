@@ -1,0 +1,136 @@
+"""A user's own model, data, loss and metric by import path (python:FILE.py:FUNCTION), end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import shoal
+from conftest import FAST, ROOT
+
+MODEL = """
+from torch import nn
+
+def build(input_shape, num_classes, width=24):
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(__import__("math").prod(input_shape)), width), nn.ReLU(),
+                         nn.Linear(width, num_classes))
+
+def not_a_module(input_shape, num_classes):
+    return 42
+
+def wrong_output(input_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(7, num_classes))
+"""
+
+DATA = """
+import torch
+from torch.utils.data import TensorDataset
+
+def blobs(n=600, dim=6, classes=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(classes, dim, generator=g) * 3
+    y = torch.randint(0, classes, (n,), generator=g)
+    x = centres[y] + torch.randn(n, dim, generator=g)
+    cut = n * 4 // 5
+    return TensorDataset(x[:cut], y[:cut]), (x[cut:], y[cut:])
+
+def margin_loss(output, target):
+    return torch.nn.functional.multi_margin_loss(output, target)
+
+def error_rate(output, target):
+    return float((output.argmax(1) != target).float().mean())
+"""
+
+
+@pytest.fixture
+def plugins(tmp_path_factory) -> Path:
+    """Plug-in files in a temporary folder outside the project (as a user's own code would be)."""
+    folder = tmp_path_factory.mktemp("user_code")
+    (folder / "my_model.py").write_text(textwrap.dedent(MODEL))
+    (folder / "my_data.py").write_text(textwrap.dedent(DATA))
+    (folder / "broken.py").write_text("def build(:\n")
+    return folder
+
+
+def shoal_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shoal", *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd)
+
+
+def test_a_users_model_file_trains_to_target_and_comes_back(plugins, tmp_path):
+    overrides = [f"model.name=\"python:{plugins}/my_model.py:build\"", "model.options={width = 32}"]
+    result = shoal.train(shoal.load_config(None, FAST), out=tmp_path / "run", overrides=overrides, progress=False)
+    assert result.summary["stop_reason"] == "target_reached"
+    assert result.model[1].out_features == 32  # model.options reached the factory
+    from shoal.engine.setup import build_setup
+
+    ds = build_setup(shoal.load_config(tmp_path / "run" / "config.toml")).dataset
+    with torch.no_grad():
+        accuracy = int((result.model(ds.x_test).argmax(1) == ds.y_test).sum()) / len(ds.y_test)
+    assert accuracy == result.summary["final_accuracy"]
+
+
+def test_relative_plugin_paths_are_stored_absolute(plugins, tmp_path):
+    done = shoal_cli("train", "--out", str(tmp_path / "r"), "-q", *[a for o in FAST + [
+        "model.name=\"python:my_model.py:build\"", "run.max_time_s=0.5"] for a in ("--set", o)], cwd=plugins)
+    assert done.returncode == 0, done.stderr
+    config = (tmp_path / "r" / "config.toml").read_text()
+    assert f'name = "python:{plugins / "my_model.py"}:build"' in config
+
+
+def test_data_loss_and_metric_plugins_with_a_lower_is_better_target(plugins, tmp_path):
+    overrides = [f"data.name=\"python:{plugins}/my_data.py:blobs\"", "data.options={n = 800}",
+                 f"task.loss=\"python:{plugins}/my_data.py:margin_loss\"",
+                 f"task.metric=\"python:{plugins}/my_data.py:error_rate\"", "task.higher_is_better=false",
+                 "run.target=0.05", "model.name=mlp", "model.hidden=[16]"]
+    result = shoal.train(shoal.load_config(None, FAST + ["run.max_time_s=5"]), out=tmp_path / "run",
+                         overrides=overrides, progress=False)
+    s = result.summary
+    assert s["metric"].endswith("my_data.py:error_rate") and s["higher_is_better"] is False and s["target"] == 0.05
+    assert s["stop_reason"] == "target_reached" and s["best_metric"] <= 0.05
+    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if '"eval"' in line]
+    assert evals[-1]["value"] <= 0.05 and evals[-1]["accuracy"] == pytest.approx(1 - evals[-1]["value"])
+    assert len(s["data_partition"]["class_counts"][0]) == 3  # the blobs' three classes
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("model.name=\"python:{d}/missing.py:build\"", "file {d}/missing.py not found"),
+    ("model.name=\"python:{d}/broken.py:build\"", "importing {d}/broken.py failed: SyntaxError"),
+    ("model.name=\"python:{d}/my_model.py:nope\"", "has no function 'nope'"),
+    ("model.name=\"python:{d}/my_model.py:not_a_module\"", "returned int, not a torch.nn.Module"),
+    ("model.name=\"python:{d}/my_model.py:wrong_output\"", "a forward pass on input (2, 1, 8, 8) failed"),
+    ("model.name=\"python:no_such_module_xyz:build\"", "importing no_such_module_xyz failed: ModuleNotFoundError"),
+    ("model.name=\"python:{d}/my_model.py\"", "expected python:FILE.py:FUNCTION"),
+    ("task.metric=\"python:{d}/my_data.py:error_rate\"", "task.higher_is_better: say whether"),
+    ("task.loss=\"python:{d}/my_data.py:error_rate\"", "must return a scalar tensor"),
+])
+def test_a_bad_plugin_is_one_line_exit_2_and_writes_nothing(plugins, tmp_path, setting, message):
+    out = tmp_path / "run"
+    done = shoal_cli("train", "--out", str(out), *[a for o in FAST + [setting.format(d=plugins)]
+                                                   for a in ("--set", o)])
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr
+    assert message.format(d=plugins) in lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["bsp", "gssp"])
+def test_the_character_language_model_reaches_a_perplexity_target(tmp_path, scheme):
+    """A small version of examples/charlm.toml (shorter context, smaller GRU) under BSP and GSSP."""
+    overrides = [f"sync.scheme={scheme}", "cluster.speeds=[1, 1, 3, 3]", "run.target=9.0", "run.max_time_s=40",
+                 "data.options={context = 16, train_chars = 40000, test_chars = 4000}",
+                 "model.options={embed = 16, hidden = 48}", "cluster.compute_s=0.02"]
+    result = shoal.train(ROOT / "examples" / "charlm.toml", out=tmp_path / "lm", overrides=overrides, progress=False)
+    s = result.summary
+    assert s["metric"] == "perplexity" and s["target"] == 9.0 and s["higher_is_better"] is False
+    assert s["stop_reason"] == "target_reached" and s["final_metric"] <= 9.0
+    assert s["final_accuracy"] is not None  # next-character accuracy is reported beside the metric
