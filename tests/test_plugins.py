@@ -134,3 +134,15 @@ def test_the_character_language_model_reaches_a_perplexity_target(tmp_path, sche
     assert s["metric"] == "perplexity" and s["target"] == 9.0 and s["higher_is_better"] is False
     assert s["stop_reason"] == "target_reached" and s["final_metric"] <= 9.0
     assert s["final_accuracy"] is not None  # next-character accuracy is reported beside the metric
+
+
+def test_the_example_plugin_model_trains_from_the_cli(tmp_path):
+    out = tmp_path / "cnn"
+    done = shoal_cli("train", "--out", str(out), "-q", *[a for o in FAST + [
+        'model.name="python:examples/plugins/small_cnn.py:build"', "model.options={width = 8}",
+        "run.max_time_s=10"] for a in ("--set", o)], cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_reason"] == "target_reached"
+    model = shoal.load_model(out)
+    assert model[0].out_channels == 8
