@@ -91,13 +91,14 @@ def median_band(curves: Sequence[Sequence[tuple[float, float]]],
                 points: int = 200) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Seeds' accuracy curves on one time grid: (t, median, min, max), linearly interpolated.
 
-    The grid ends where the shortest curve ends, so the band never mixes seeds with ones that stopped.
+    The grid runs to the longest curve's end; a curve that ended earlier (a run stopped at its target) is held at
+    its last value, which is where that run stood.
     """
     curves = [c for c in curves if c]
     if not curves:
         empty = np.zeros(0)
         return empty, empty, empty, empty
-    end = min(c[-1][0] for c in curves)
+    end = max(c[-1][0] for c in curves)
     start = min(c[0][0] for c in curves)
     t = np.linspace(start, end, points) if end > start else np.array([start])
     held = np.array([np.interp(t, *zip(*c)) if len(c) > 1 else np.full(len(t), c[0][1]) for c in curves])
