@@ -167,11 +167,11 @@ def main() -> None:
     final_seeds = [] if args.quick else list(range(len(tune_seeds), args.seeds))
     base = BASE + (["run.max_iterations=640"] if args.quick else [])
     name = "compression_quick" if args.quick else "compression"
-    start = time.perf_counter()
+    start, origin = time.perf_counter(), provenance()  # the commit the runs start from
     protocol = run_protocol(name, base, METHODS, "optimizer.lr", lrs, tune_seeds, final_seeds, args.jobs)
     rows = rows_of(protocol, list(METHODS))
     with_ratios(rows, protocol["runs"], protocol["chosen"])
-    meta = {**provenance(), "lrs": lrs, "tune_seeds": tune_seeds, "final_seeds": final_seeds, "target": TARGET,
+    meta = {**origin, "lrs": lrs, "tune_seeds": tune_seeds, "final_seeds": final_seeds, "target": TARGET,
             "config": base, "chosen": protocol["chosen"], "tuning": protocol["tuning"],
             "wall_s_last_invocation": round(time.perf_counter() - start, 1)}
     RESULTS.mkdir(parents=True, exist_ok=True)

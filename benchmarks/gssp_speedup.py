@@ -166,13 +166,13 @@ def main() -> None:
     tune_seeds = list(range(1 if args.quick else args.tune_seeds))
     final_seeds = [] if args.quick else list(range(len(tune_seeds), args.seeds))
     base = BASE + [f"run.max_time_s={budget}", f"data.partition={json.dumps(args.partition)}"]
-    start = time.perf_counter()
+    start, origin = time.perf_counter(), provenance()  # the commit the runs start from
     name = "gssp_speedup" + ("" if args.partition == "iid" else "-" + args.partition.replace(":", "")) + (
         "_quick" if args.quick else "")
     protocol = run_protocol(name, base, SCHEMES, "optimizer.lr", lrs, tune_seeds, final_seeds, args.jobs)
     rows = rows_of(protocol, list(SCHEMES))
     checks = verdicts(rows, protocol["runs"], protocol["chosen"])
-    meta = {**provenance(), "partition": args.partition, "budget_s": budget, "lrs": lrs, "tune_seeds": tune_seeds,
+    meta = {**origin, "partition": args.partition, "budget_s": budget, "lrs": lrs, "tune_seeds": tune_seeds,
             "final_seeds": final_seeds, "target": TARGET, "config": base, "chosen": protocol["chosen"],
             "tuning": protocol["tuning"], "wall_s_last_invocation": round(time.perf_counter() - start, 1)}
     RESULTS.mkdir(parents=True, exist_ok=True)
