@@ -106,7 +106,10 @@ def markdown(rows: list[dict[str, Any]], checks: dict[str, Any], meta: dict[str,
     lines += ["", "Speed-ups of gssp (ratio of median times; 90% bootstrap interval):", ""]
     for k, v in checks.items():
         if isinstance(v, dict):
-            ci = f" (90%: {v['ci90'][0]}..{v['ci90'][1]})" if v.get("ci90") else ""
+            ci = ""
+            if v.get("ci90"):
+                lo, hi = v["ci90"]
+                ci = f" (90%: {'0' if lo is None else f'{lo:.2f}'}..{'inf' if hi is None else f'{hi:.2f}'})"
             ratio = "n/a (a median is unreached)" if v["value"] is None else f"{v['value']:.2f}x"
             lines.append(f"- {k}: {ratio}{ci}")
         else:

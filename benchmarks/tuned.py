@@ -36,7 +36,7 @@ def provenance() -> dict[str, Any]:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no", "src", "benchmarks"))
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks/*.py"))
     return {"git_commit": git("rev-parse", "HEAD"), "dirty_tree": dirty,
             "command": " ".join([".venv/bin/python", *[a if " " not in a else repr(a) for a in sys.argv]])}
 
