@@ -22,10 +22,11 @@ def _sets(*overrides: str) -> list[str]:
     return [arg for o in list(FAST) + list(overrides) for arg in ("--set", o)]
 
 
-def test_train_writes_the_three_files(tmp_path):
+def test_train_writes_the_run_files(tmp_path):
     result = shoal("train", *_sets(), "--out", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.toml", "metrics.jsonl", "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "config.toml", "metrics.jsonl", "model.json", "model.safetensors", "summary.json"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["scheme"] == "bsp" and summary["backend"] == "sim"
     assert "final accuracy" in result.stdout
