@@ -20,15 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shoal.sync.base import SyncPolicy
+from shoal.sync.policies import BSP
 
 
-class LocalSGD(SyncPolicy):
+class LocalSGD(BSP):
     """Gate only at sync points: a worker at clock c waits until everyone reached H * floor(c / H).
 
     Clocks count local steps. Between two syncs a fast worker runs its H
     steps without waiting; the pushes of the sync clock (the H-th step of a
-    period) form one update once every worker has sent its own.
+    period) form one update once every worker has sent its own, as a BSP
+    round does (the round bookkeeping is BSP's).
     """
 
     name = "localsgd"
@@ -38,7 +39,6 @@ class LocalSGD(SyncPolicy):
             raise ValueError("local_steps must be >= 1")
         super().__init__(workers)
         self.local_steps = local_steps
-        self._pending: set[int] = set()
 
     def start_threshold(self, worker: int) -> int | None:
         return self.clocks[worker] // self.local_steps * self.local_steps
@@ -48,21 +48,7 @@ class LocalSGD(SyncPolicy):
         return (clock + 1) % self.local_steps == 0
 
     def _merge(self, worker: int) -> tuple[int, ...]:
-        if not self.is_sync(self.clocks[worker] - 1):
-            return ()
-        self._pending.add(worker)
-        return self._release_if_complete()
-
-    def _release_after_remove(self) -> tuple[int, ...]:
-        self._pending &= set(self.clocks)
-        return self._release_if_complete()
-
-    def _release_if_complete(self) -> tuple[int, ...]:
-        if not self._pending or len(self._pending) < len(self.clocks):
-            return ()
-        batch = tuple(sorted(self._pending))
-        self._pending.clear()
-        return batch
+        return super()._merge(worker) if self.is_sync(self.clocks[worker] - 1) else ()
 
 
 class PeriodicSchedule:
