@@ -85,3 +85,36 @@ def test_a_streak_is_broken_by_one_good_check():
     assert r.propose([0.1, 0.4, 0.4, 0.4], current) is None
     assert r.propose([0.1, 0.1, 0.4, 0.4], current) is None
     assert r.propose([0.1, 0.4, 0.4, 0.4], current) is None
+
+
+def test_split_ratio_floor_keeps_near_equal_speeds_together():
+    noisy = [0.100, 0.101, 0.103, 0.104, 0.110, 0.112, 0.118, 0.120]  # one speed plus noise (20% spread)
+    assert len(choose_groups(noisy, "auto", 0.95, 8, split_ratio=1.0)) > 1  # goodness of fit is scale-free
+    assert choose_groups(noisy, "auto", 0.95, 8, split_ratio=1.5) == [list(range(8))]
+    tiers = [0.05] * 4 + [0.1] * 4 + [0.2] * 4 + [0.4] * 4  # 2x apart: the floor does not merge them
+    assert len(choose_groups(tiers, "auto", 0.95, 8, split_ratio=1.5)) == 4
+    assert len(choose_groups(noisy, 3, 0.95, 8, split_ratio=1.5)) == 3  # an explicit count is obeyed
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.floats(0.01, 10), min_size=1, max_size=24), st.floats(1.0, 4.0))
+def test_auto_groups_respect_the_split_ratio(times, ratio):
+    groups = choose_groups(times, "auto", 0.95, 8, split_ratio=ratio)
+    assert sorted(w for g in groups for w in g) == list(range(len(times)))
+    medians = sorted(float(np.median(np.log(np.asarray(times)[g]))) for g in groups)
+    assert all(b - a >= np.log(ratio) - 1e-12 for a, b in zip(medians, medians[1:]))
+
+
+def test_converged_speeds_merge_groups_after_patience():
+    r = Regrouper("auto", threshold=0.95, patience=2, split_ratio=1.5)
+    same = [0.1, 0.1, 0.11, 0.11]
+    assert r.propose(same, [[0, 1], [2, 3]]) is None
+    assert r.propose(same, [[0, 1], [2, 3]]) == [[0, 1, 2, 3]]
+
+
+def test_cooldown_is_hysteresis_in_time():
+    r = Regrouper("auto", threshold=0.95, patience=1, split_ratio=1.5, cooldown_s=10.0, last_change_s=5.0)
+    drifted = [0.1, 0.4, 0.4, 0.4]
+    assert r.propose(drifted, [[0, 1], [2, 3]], now=14.0) is None  # 9 s after the last grouping
+    assert r.propose(drifted, [[0, 1], [2, 3]], now=15.0) == [[0], [1, 2, 3]]
+    assert r.propose([0.1, 0.1, 0.4, 0.4], [[0], [1, 2, 3]], now=16.0) is None  # and again 10 s later at the earliest

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -62,6 +63,44 @@ def test_regroup_moves_a_worker_that_slowed_down():
     assert [(m.worker, m.old, m.new) for m in moves] == [(0, 0, 1)]
     assert p.groups == [[1], [0, 2, 3]]
     assert 0 in p.policy(1).clocks and 0 not in p.policy(0).clocks
+
+
+def test_converged_speeds_merge_into_one_server_and_leave_the_other_idle():
+    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=1, profile_window=4, regroup_patience=1,
+             split_ratio=1.5, regroup_cooldown_s=5.0)
+    _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=1)
+    p.initial_split(now=1.0)
+    _profile(p, [0.1, 0.1, 0.1, 0.1], rounds=4)  # the slow pair caught up
+    assert p.check_regroup(now=5.9) == []  # cooldown: 5 s after the split
+    moves = p.check_regroup(now=6.0)
+    assert sorted((m.worker, m.old, m.new) for m in moves) == [(2, 1, 0), (3, 1, 0)]  # the majority server stays
+    assert p.groups == [[0, 1, 2, 3], []] and p.idle_servers == [1]
+    assert p.update_shares() == [1.0, 0.0]
+
+
+def test_update_shares_follow_group_size_and_slowest_member():
+    p = GSSP(6, staleness=1, exchange_every=2, profile_iterations=1, split_ratio=1.5)
+    _profile(p, [0.1, 0.1, 0.1, 0.1, 0.4, 0.5], rounds=1)
+    p.initial_split()
+    assert p.groups == [[0, 1, 2, 3], [4, 5]]
+    assert p.update_shares() == [pytest.approx(40 / 44), pytest.approx(4 / 44)]  # 4 / 0.1 vs 2 / 0.5 updates per s
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5, 0.1])
+def test_momentum_on_a_share_of_updates_moves_each_gradient_as_far(share):
+    """A gradient's total displacement is lr / (1 - m) x g whatever the share; the share only shortens its tail."""
+    opt = OptimizerConfig(name="sgd", lr=0.1, momentum=0.9)
+    r = Replica(torch.zeros(3), torch.zeros(0), opt)
+    r.set_update_share(share)
+    g = torch.tensor([1.0, -2.0, 0.5])
+    r.apply([g], 1.0)
+    first = -r.params.detach().clone()
+    for _ in range(400):
+        r.apply([torch.zeros(3)], 1.0)
+    assert torch.allclose(-r.params.detach(), 0.1 / (1 - 0.9) * g, rtol=1e-4)
+    assert torch.allclose(first, 0.1 * (1 - 0.9 ** (1 / share)) / (1 - 0.9) * g)
+    r.set_lr(0.05)  # a decay keeps the share's scale
+    assert r.optimizer.param_groups[0]["lr"] == pytest.approx(0.05 * (1 - 0.9 ** (1 / share)) / 0.1)
 
 
 @settings(max_examples=40, deadline=None)
@@ -144,3 +183,16 @@ def test_gssp_trains_and_evaluates_the_mean_of_the_replicas(fast_config, tmp_pat
     assert summary["final_accuracy"] > 0.8
     kinds = [e["event"] for e in read_jsonl(tmp_path / "r" / "metrics.jsonl")]
     assert "exchange" in kinds
+
+
+def test_staleness_counts_every_update_a_received_delta_holds(fast_config, tmp_path):
+    """A group of one worker sees no staleness of its own: only its peers' deltas, exchange_every updates each."""
+    cfg = _gssp(fast_config, "cluster.workers=4", "cluster.speeds=[1, 8, 8, 8]", "sync.exchange_every=4",
+                "run.max_time_s=10")
+    summary = train(cfg, tmp_path / "r")
+    assert summary["groups"] == [[0], [1, 2, 3]]
+    events = read_jsonl(tmp_path / "r" / "metrics.jsonl")
+    split = next(e["t"] for e in events if e["event"] == "groups" and e["reason"] == "profiled")
+    seen = {e["staleness"] for e in events if e["event"] == "iteration" and e["worker"] == 0 and e["t"] > split + 1
+            and e["staleness"] is not None}
+    assert 4 in seen and all(s % 4 == 0 for s in seen)

@@ -192,12 +192,15 @@ class SyncConfig(Section):
     groups: int | Literal["auto"] = Field("auto", description="GSSP: number of groups, or auto (fewest whose fit reaches group_threshold).")
     group_threshold: float = Field(0.95, gt=0, le=1, description="GSSP auto grouping: goodness of variance fit to reach (on log iteration times).")
     max_groups: int = Field(8, ge=1, description="GSSP auto grouping: most groups to consider.")
+    group_momentum: Literal["server", "global"] = Field("global", description="GSSP with SGD momentum: server = each group server's own momentum, as the paper (collapses when groups are small and slow); global = each group server decays its momentum on the clock of all updates, so momentum acts per sample as on one server.")
     exchange_every: int = Field(4, ge=1, description="GSSP: a group server sends its own delta to its peers every this many local updates.")
     profile_iterations: int = Field(3, ge=1, description="GSSP: iterations per worker measured before the first grouping.")
     profile_window: int = Field(20, ge=1, description="GSSP: a worker's speed is the 20th percentile of its last this many iteration times.")
     regroup: bool = Field(True, description="GSSP: move workers when their observed speed drifts.")
     regroup_margin: float = Field(0.05, ge=0, le=1, description="GSSP: how much better (in fit) a new grouping must be to move workers.")
     regroup_patience: int = Field(3, ge=1, description="GSSP: consecutive checks a better grouping must persist (absorbs transient stragglers).")
+    regroup_cooldown_s: float = Field(5.0, ge=0, description="GSSP: seconds (virtual on sim) after a grouping before the next regroup may happen.")
+    split_ratio: float = Field(1.5, ge=1, description="GSSP auto grouping: neighbouring groups' median iteration times must differ by at least this factor, else they merge (1 = no floor).")
 
     @field_validator("groups")
     @classmethod

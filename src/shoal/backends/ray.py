@@ -41,6 +41,7 @@ from shoal.backends.ray_actors import GroupServer, Link, Worker
 from shoal.backends.ray_switch import SERVER, SwitchActor, worker_name
 from shoal.cluster.grouping import choose_groups
 from shoal.compress import GDTopKSchedule
+from shoal.compress.codec import exchange_codec
 from shoal.compress.similarity import similarity_summary
 from shoal.config import BackendConfig, Config, ConfigError
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
@@ -293,7 +294,7 @@ class RayBackend:
         if not self.cfg.cluster.emulate:
             return 0
         times = [self.profile.compute_s * speed for speed in self.speeds]
-        return len(choose_groups(times, s.groups, s.group_threshold, s.max_groups)) - 1
+        return len(choose_groups(times, s.groups, s.group_threshold, s.max_groups, s.split_ratio)) - 1
 
     def _server_actor(self, index: int) -> Any:
         c, b = self.cfg.cluster, self.cfg.backend
@@ -472,8 +473,15 @@ class RayBackend:
         epoch = self.setup.epochs(self.recorder.iterations)
         if self.gssp is None or not self.gssp.grouped:
             return self.schedule.group_density(epoch, [], [])
-        members = self.gssp.groups[self.gssp.server_of[worker]] or [worker]
-        return self.schedule.group_density(epoch, self.gssp.profiler.times(), members)
+        return self._group_density(self.gssp.server_of[worker])
+
+    def _group_density(self, server: int) -> float:
+        """GDTopK: a group's scheduled density (endpoints: the fastest and slowest group, as in sim)."""
+        if self.cfg.compression.method != "gdtopk" or self.gssp is None:
+            return self.cfg.compression.density
+        epoch = self.setup.epochs(self.recorder.iterations)
+        groups = self.gssp.groups
+        return self.schedule.group_density(epoch, self.gssp.profiler.times(), groups[server], groups)
 
     # -- the driver loop -----------------------------------------------------------------
 
@@ -577,11 +585,13 @@ class RayBackend:
         """GSSP decisions on what was observed; lr decay."""
         if self.gssp is not None:
             self._pad_profile_of_dead()
-            if (groups := self.gssp.initial_split()) is not None:
+            if (groups := self.gssp.initial_split(self.now())) is not None:
                 self._split(groups)
+                self._share_updates()
             elif self.recorder.iterations // self.n > self._regroup_mark:
                 self._regroup_mark = self.recorder.iterations // self.n
-                if moves := self.gssp.check_regroup():
+                self._share_updates()
+                if moves := self.gssp.check_regroup(self.now()):
                     self._regroup(moves)
         epoch = self.setup.epochs(self.recorder.iterations)
         lr = self.cfg.optimizer.lr_at(epoch)
@@ -615,6 +625,9 @@ class RayBackend:
         self.spares = []
         self.servers = [self.servers[0], *new]
         ray.get([s.set_peers.remote(self.servers, self.t0) for s in self.servers])
+        layout = self.setup.engine.layout
+        ray.get([s.set_exchange_codec.remote(exchange_codec(self.cfg.compression, self.cfg.run.seed, g, layout))
+                 for g, s in enumerate(self.servers)])
         for g, members in enumerate(groups):
             for w in members:
                 self.stats[w].group = g
@@ -635,8 +648,16 @@ class RayBackend:
             self.stats[move.worker].group = move.new
         for move in live:
             self.workers[move.worker].set_route.remote(self.epoch, move.new, self.servers[move.new])
+        for idle in {m.old for m in moves} & set(self.gssp.idle_servers):
+            self.servers[idle].flush_exchange.remote()  # its merged-away group's last updates reach the peers
         self.recorder.event("groups", t=self.now(), groups=self.gssp.groups, reason="regroup",
                             moves=[[m.worker, m.old, m.new] for m in moves])
+
+    def _share_updates(self) -> None:
+        """Each group server's share of all updates (GSSP global momentum) and its exchange density."""
+        shares = self.gssp.update_shares() if self.cfg.sync.group_momentum == "global" else [None] * len(self.servers)
+        for g, (server, share) in enumerate(zip(self.servers, shares)):
+            server.set_update_share.remote(share, self._group_density(g))
 
     def _pad_profile_of_dead(self) -> None:
         """A worker lost while profiling would keep the split from ever happening: count it as profiled."""

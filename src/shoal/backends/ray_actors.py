@@ -125,6 +125,10 @@ class GroupServer:
         self.slices: list[slice] = []
         self._meters: dict[int, SimilarityMeter] = {}
         self.force_pull: set[int] = set()
+        self.exchange_codec: GradientCodec | None = None  # GSSP: compresses the own-delta exchange
+        self.exchange_density = 1.0
+        self.unsent_updates = 0  # own updates not yet sent: a delta counts them into the receivers' versions
+        self._sending: set[asyncio.Task[None]] = set()
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -175,6 +179,7 @@ class GroupServer:
         self._meters.clear()
         self.force_pull = set(policy.clocks)  # SIM: a worker new to this replica takes all of it
         self._since_exchange = 0
+        self.unsent_updates = 0
         self._wake_all()
 
     def set_peers(self, peers: list[Any], t0: float) -> None:
@@ -216,6 +221,22 @@ class GroupServer:
         self.replica.set_lr(lr)
         if self.schedule is not None:
             self.schedule.reset()
+
+    def set_update_share(self, share: float | None, density: float) -> None:
+        """GSSP: this server's fraction of all updates (global momentum, Replica.set_update_share; None: the
+        paper's own momentum) and the density its exchange is compressed at."""
+        if self.replica is not None and share is not None:
+            self.replica.set_update_share(share)
+        self.exchange_density = density
+
+    def set_exchange_codec(self, codec: GradientCodec | None) -> None:
+        """GSSP: the compressor (with its sender-side error feedback) of this server's own-delta exchange."""
+        self.exchange_codec = codec
+
+    async def flush_exchange(self) -> None:
+        """Send what the own delta still holds (this group merged into others and has no members left)."""
+        if self.replica is not None and self.replica.own_params is not None and len(self.peers) > 1:
+            self._exchange()
 
     def stop(self) -> None:
         """Refuse further work and release every gated worker."""
@@ -324,6 +345,7 @@ class GroupServer:
             self.replica.apply([g for g, _, _ in pushes], self.weight)
         self.version += 1
         self.updates += 1
+        self.unsent_updates += 1
         self.replica.add_buffer_deltas([b for _, b, _ in pushes], self.weight)
 
     def _apply_sim(self, pushes: list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]) -> None:
@@ -385,22 +407,43 @@ class GroupServer:
         return True
 
     def _exchange(self) -> None:
-        """Send the own delta to every peer without waiting (fire and forget through the object store)."""
-        import ray
+        """Send the own delta to every peer without waiting (fire and forget through the object store).
 
+        Compressed like an upload when a compressor is configured (the residual
+        stays here, error feedback); the copies leave through this server's
+        emulated egress one after another, then each waits out the peer's ingress.
+        """
         assert self.replica is not None
         params, buffers = self.replica.take_own_delta()
-        nbytes = 4 * (params.numel() + buffers.numel())
-        p_ref, b_ref = ray.put(params.numpy()), ray.put(buffers.numpy())
+        updates, self.unsent_updates = self.unsent_updates, 0
+        if self.exchange_codec is not None:
+            params, nbytes = self.exchange_codec.encode(params, self.exchange_density)
+        else:
+            nbytes = 4 * params.numel()
+        nbytes += 4 * buffers.numel()
         peers = [p for i, p in enumerate(self.peers) if i != self.index]
-        for peer in peers:
-            peer.receive_delta.remote(p_ref, b_ref, nbytes)
         self.exchanges += 1
         self._events.append({"event": "exchange", "t": round(time.time() - self.t0, 6), "group": self.index,
                              "bytes": nbytes * len(peers)})
+        task = asyncio.get_running_loop().create_task(
+            self._send_delta(peers, params.numpy(), buffers.numpy(), nbytes, updates))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
-    async def receive_delta(self, params: np.ndarray, buffers: np.ndarray, nbytes: int) -> None:
-        """A peer's own delta: wait out the emulated transfer, then add it (to the replica it was sent to)."""
+    async def _send_delta(self, peers: list[Any], params: np.ndarray, buffers: np.ndarray, nbytes: int,
+                          updates: int) -> None:
+        import ray
+
+        p_ref, b_ref = ray.put(params), ray.put(buffers)
+        for peer in peers:
+            delay = self.peer_link.seconds(nbytes)  # this copy's turn on the egress
+            if delay > 0:
+                await asyncio.sleep(delay)
+            peer.receive_delta.remote(p_ref, b_ref, nbytes, updates)
+
+    async def receive_delta(self, params: np.ndarray, buffers: np.ndarray, nbytes: int, updates: int = 1) -> None:
+        """A peer's own delta of ``updates`` updates: wait out the emulated transfer, then add it (to the replica it
+        was sent to). The version counts every update the delta holds, so staleness is in real updates."""
         replica = self.replica
         delay = self.peer_link.seconds(nbytes)
         if delay > 0:
@@ -408,7 +451,7 @@ class GroupServer:
         if self.replica is None or self.replica is not replica or self.stopping:
             return
         self.replica.receive_delta(_tensor(params), _tensor(buffers))
-        self.version += 1
+        self.version += updates
         self.bytes_exchange += nbytes
 
     # -- what the driver reads -------------------------------------------------------

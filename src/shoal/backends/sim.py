@@ -26,7 +26,7 @@ import torch
 from shoal.cluster import StragglerModel
 from shoal.backends.local_model import LocalModel, aggregation_schedule, outer_step, uses_local_models
 from shoal.compress import GDTopKSchedule, GradientCodec
-from shoal.compress.codec import DELTA_SALT, worker_codec
+from shoal.compress.codec import DELTA_SALT, exchange_codec, worker_codec
 from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule, similarity_summary
 from shoal.sync.localsgd import PeriodicSchedule
 from shoal.config import Config
@@ -35,7 +35,7 @@ from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
 from shoal.engine.replica import Replica
 from shoal.engine.setup import RunSetup
 from shoal.sync import SyncPolicy, make_policy
-from shoal.sync.gssp import gssp_from_config
+from shoal.sync.gssp import Move, gssp_from_config
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -89,8 +89,9 @@ class SimServer:
         self._meters: dict[int, SimilarityMeter] = {}
         self.ingress = SharedLink(env, bandwidth_bps)
         self.egress = SharedLink(env, bandwidth_bps)
-        self.version = 0
+        self.version = 0  # updates this replica holds: its own and those its peers' deltas brought
         self.updates = 0
+        self.unsent_updates = 0  # GSSP: own updates not yet sent to the peers
         self._pending: dict[int, Push] = {}
         self._waiters: list[tuple[int, int, simpy.Event]] = []
         self._seq = itertools.count()
@@ -113,15 +114,17 @@ class SimServer:
         self._wake()
         return 1 if batch else 0
 
-    def receive_delta(self, params_delta: torch.Tensor | None, buffers_delta: torch.Tensor | None) -> None:
-        """A peer group server's own delta arrived."""
-        self.version += 1
+    def receive_delta(self, params_delta: torch.Tensor | None, buffers_delta: torch.Tensor | None,
+                      updates: int) -> None:
+        """A peer group server's own delta arrived; it holds ``updates`` updates (staleness counts each)."""
+        self.version += updates
         if self.replica is not None and params_delta is not None:
             self.replica.receive_delta(params_delta, buffers_delta)
 
     def _apply(self, pushes: list[Push]) -> None:
         self.version += 1
         self.updates += 1
+        self.unsent_updates += 1
         if self.replica is None:
             return
         if self.schedule is None:
@@ -193,6 +196,7 @@ class SimBackend:
         self.codecs = self._make_codecs()
         self.locals = self._make_local_models()
         self.delta_codecs = self._make_codecs(salt=DELTA_SALT) if self.locals else []
+        self.exchange_codecs: list[GradientCodec] = []
         self.force_pull: set[int] = set()
         plan = setup.aggregation
         self._switch_links = {s: SharedLink(self.env, bps) for s, bps in plan.switch_bps.items()} if plan else {}
@@ -236,8 +240,15 @@ class SimBackend:
             return self.cfg.compression.density
         if self.gssp is None or not self.gssp.grouped:
             return self.schedule.group_density(self.epoch(), [], [])
-        members = self.gssp.groups[self.gssp.server_of[worker]]
-        return self.schedule.group_density(self.epoch(), self.gssp.profiler.times(), members)
+        return self.group_density(self.gssp.server_of[worker])
+
+    def group_density(self, server: int) -> float:
+        """GDTopK: the scheduled density of a group (endpoints: the fastest and slowest group)."""
+        if self.cfg.compression.method != "gdtopk":
+            return self.cfg.compression.density
+        assert self.gssp is not None
+        groups = self.gssp.groups
+        return self.schedule.group_density(self.epoch(), self.gssp.profiler.times(), groups[server], groups)
 
     def _make_server(self, policy: SyncPolicy, replica: Replica | None,
                      schedule: SimilaritySchedule | None = None) -> SimServer:
@@ -434,16 +445,25 @@ class SimBackend:
         index = self.servers.index(server)
         if applied and gssp.local_update(index):
             self.env.process(self._exchange(index))
-        if (groups := gssp.initial_split()) is not None:
+        if (groups := gssp.initial_split(self.env.now)) is not None:
             self._split(groups)
-        elif self.recorder.iterations % self.profile.workers == 0 and (moves := gssp.check_regroup()):
-            for move in moves:
-                self.stats[move.worker].group = move.new
-                self.force_pull.add(move.worker)  # a moved worker takes its new group's replica
-            for s in self.servers:
-                s.wake_all()
-            self.recorder.event("groups", t=self.env.now, groups=gssp.groups, reason="regroup",
-                                moves=[[m.worker, m.old, m.new] for m in moves])
+        elif self.recorder.iterations % self.profile.workers == 0:
+            self._share_updates()
+            if moves := gssp.check_regroup(self.env.now):
+                self._regroup(moves)
+
+    def _regroup(self, moves: list[Move]) -> None:
+        """Carry out the policy's moves; a server left without members sends what it still holds."""
+        assert self.gssp is not None
+        for move in moves:
+            self.stats[move.worker].group = move.new
+            self.force_pull.add(move.worker)  # a moved worker takes its new group's replica
+        for s in self.servers:
+            s.wake_all()
+        for idle in {m.old for m in moves} & set(self.gssp.idle_servers):
+            self.env.process(self._exchange(idle))
+        self.recorder.event("groups", t=self.env.now, groups=self.gssp.groups, reason="regroup",
+                            moves=[[m.worker, m.old, m.new] for m in moves])
 
     def _split(self, groups: list[list[int]]) -> None:
         """Replace the single profiling server by one server per group, each a copy of its replica."""
@@ -457,6 +477,9 @@ class SimBackend:
         for server in self.servers:
             if server.replica is not None:
                 server.replica.set_lr(self.lr)
+        self._share_updates()
+        self.exchange_codecs = [codec for g in range(len(groups)) if (codec := exchange_codec(
+            self.cfg.compression, self.cfg.run.seed, g, self.setup.engine.layout)) is not None]
         self.force_pull.update(range(self.profile.workers))
         for g, members in enumerate(groups):
             for w in members:
@@ -465,21 +488,45 @@ class SimBackend:
         self.recorder.event("groups", t=self.env.now, groups=groups, reason="profiled",
                             times=[round(t, 6) for t in self.gssp.profiler.times()])
 
+    def _share_updates(self) -> bool:
+        """GSSP global momentum: tell each group server its share of all updates (always True)."""
+        assert self.gssp is not None
+        if self.cfg.sync.group_momentum == "global":
+            for server, share in zip(self.servers, self.gssp.update_shares()):
+                if server.replica is not None:
+                    server.replica.set_update_share(share)
+        return True
+
     def _exchange(self, sender: int) -> Iterator[simpy.Event]:
-        """Send the sender's own delta to every peer, without waiting for anyone."""
+        """Send the sender's own delta to every peer, without waiting for anyone.
+
+        With a compressor the delta is compressed like an upload (error
+        feedback at the sender, the group's density). Each copy leaves through
+        the sender's egress and enters through the peer's ingress, shared
+        with the workers' pulls and pushes there.
+        """
         replica = self.servers[sender].replica
-        delta = replica.take_own_delta() if replica is not None else (None, None)
-        nbytes = self.setup.download_bytes
+        params, buffers = replica.take_own_delta() if replica is not None else (None, None)
+        updates, self.servers[sender].unsent_updates = self.servers[sender].unsent_updates, 0
+        codec = self.exchange_codecs[sender] if self.exchange_codecs else None
+        density = self.group_density(sender)
+        if params is None:
+            nbytes = (codec.nominal_bytes(density) if codec else 4 * self.setup.engine.num_params)
+            nbytes += self.setup.download_bytes - 4 * self.setup.engine.num_params
+        else:
+            params, nbytes = codec.encode(params, density) if codec else (params, 4 * params.numel())
+            nbytes += 4 * buffers.numel()
+        peers = [p for p in range(len(self.servers)) if p != sender]
         self.exchanges += 1
-        self.recorder.event("exchange", t=self.env.now, group=sender, bytes=nbytes * (len(self.servers) - 1))
-        for peer in range(len(self.servers)):
-            if peer != sender:
-                self.env.process(self._deliver_delta(peer, delta, nbytes))
+        self.recorder.event("exchange", t=self.env.now, group=sender, bytes=nbytes * len(peers))
+        for peer in peers:
+            self.env.process(self._deliver_delta(sender, peer, (params, buffers, updates), nbytes))
         yield self.env.timeout(0)
 
-    def _deliver_delta(self, peer: int, delta: tuple[Any, Any], nbytes: int) -> Iterator[simpy.Event]:
+    def _deliver_delta(self, sender: int, peer: int, delta: tuple[Any, Any], nbytes: int) -> Iterator[simpy.Event]:
         server = self.servers[peer]
         yield self.env.timeout(self.profile.latency_s)
+        yield self.servers[sender].egress.transfer(nbytes, self.profile.server_bps)
         yield server.ingress.transfer(nbytes, self.profile.server_bps)
         self.bytes_exchange += nbytes
         server.receive_delta(*delta)

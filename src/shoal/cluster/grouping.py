@@ -101,11 +101,42 @@ def log_times(times: Sequence[float]) -> np.ndarray:
     return np.log(np.maximum(np.asarray(times, dtype=float), 1e-12))
 
 
-def choose_groups(times: Sequence[float], groups: int | str, threshold: float, max_groups: int) -> Groups:
-    """Groups of iteration ``times`` for a ``[sync] groups`` setting: an integer count or "auto"."""
+def group_medians(values: Sequence[float] | np.ndarray, groups: Groups) -> list[float]:
+    x = np.asarray(values, dtype=float)
+    return [float(np.median(x[g])) for g in groups]
+
+
+def closest_neighbours(values: Sequence[float] | np.ndarray, groups: Groups) -> tuple[int, float] | None:
+    """(i, gap): of the groups in order of their medians, neighbours i and i + 1 are the closest, ``gap`` apart."""
+    if len(groups) < 2:
+        return None
+    medians = sorted(group_medians(values, groups))
+    gaps = [b - a for a, b in zip(medians, medians[1:])]
+    i = int(np.argmin(gaps))
+    return i, gaps[i]
+
+
+def merge_close(values: Sequence[float] | np.ndarray, groups: Groups, min_gap: float) -> Groups:
+    """Merge adjacent groups (fastest first) while two neighbours' medians differ by less than ``min_gap``."""
+    groups = sorted((list(g) for g in groups if g), key=lambda g: float(np.median(np.asarray(values)[g])))
+    while (pair := closest_neighbours(values, groups)) is not None and pair[1] < min_gap:
+        i = pair[0]
+        groups[i: i + 2] = [sorted(groups[i] + groups[i + 1])]
+    return groups
+
+
+def choose_groups(times: Sequence[float], groups: int | str, threshold: float, max_groups: int,
+                  split_ratio: float = 1.0) -> Groups:
+    """Groups of iteration ``times`` for a ``[sync] groups`` setting: an integer count or "auto".
+
+    With "auto", neighbouring groups whose median iteration times differ by
+    less than a factor ``split_ratio`` are merged: goodness of fit is
+    scale-free, so without a floor it splits workers whose speeds differ by
+    noise alone.
+    """
     values = log_times(times)
     if groups == "auto":
-        return auto_groups(values, threshold, max_groups)
+        return merge_close(values, auto_groups(values, threshold, max_groups), float(np.log(split_ratio)))
     return jenks_groups(values, int(groups))
 
 
@@ -122,10 +153,14 @@ def canonical(groups: Groups) -> Groups:
 class Regrouper:
     """Decides when observed speeds have drifted enough to regroup.
 
-    A regroup happens only when the best grouping fits the current iteration
-    times better than the current grouping by at least ``margin`` (in GVF) at
-    ``patience`` consecutive checks. Profiles are running low quantiles, so a
-    transient straggler hardly moves them, and the patience absorbs the rest.
+    A regroup is due when the best grouping differs from the current one and
+    either fits the current iteration times better by at least ``margin`` (in
+    GVF) or the current grouping has neighbours closer than ``split_ratio``
+    (speeds converged: they merge). It happens only if that holds at
+    ``patience`` consecutive checks and ``cooldown_s`` after the previous
+    grouping (hysteresis in time). Profiles are running low quantiles, so a
+    transient straggler hardly moves them; patience and cooldown absorb the
+    rest.
     """
 
     groups_setting: int | str
@@ -133,18 +168,27 @@ class Regrouper:
     max_groups: int = 8
     margin: float = 0.05
     patience: int = 3
+    split_ratio: float = 1.0
+    cooldown_s: float = 0.0
+    last_change_s: float = 0.0
     _streak: int = field(default=0, init=False)
 
-    def propose(self, times: Sequence[float], current: Groups) -> Groups | None:
-        """New groups if a regroup is due now (given iteration ``times``), else None."""
-        candidate = choose_groups(times, self.groups_setting, self.threshold, self.max_groups)
-        values = log_times(times)
-        better = goodness_of_variance_fit(values, candidate) - goodness_of_variance_fit(values, current)
-        if canonical(candidate) == canonical(current) or better < self.margin:
+    def propose(self, times: Sequence[float], current: Groups, now: float = float("inf")) -> Groups | None:
+        """New groups if a regroup is due at time ``now`` (given iteration ``times``), else None."""
+        candidate = choose_groups(times, self.groups_setting, self.threshold, self.max_groups, self.split_ratio)
+        if canonical(candidate) == canonical(current) or not self._worth_it(times, candidate, current):
             self._streak = 0
             return None
         self._streak += 1
-        if self._streak < self.patience:
+        if self._streak < self.patience or now - self.last_change_s < self.cooldown_s:
             return None
         self._streak = 0
+        self.last_change_s = now
         return candidate
+
+    def _worth_it(self, times: Sequence[float], candidate: Groups, current: Groups) -> bool:
+        values = log_times(times)
+        if self.groups_setting == "auto" and (pair := closest_neighbours(values, current)) is not None:
+            if pair[1] < float(np.log(self.split_ratio)):
+                return True
+        return goodness_of_variance_fit(values, candidate) - goodness_of_variance_fit(values, current) >= self.margin

@@ -81,3 +81,13 @@ def worker_codec(compression: CompressionConfig, seed: int, worker: int, layout:
     if compressor is None:
         return None
     return GradientCodec(compressor, layout, compression.error_feedback and not compressor.unbiased)
+
+
+#: seed offset of the codec a GSSP group server keeps for its own-delta exchange
+EXCHANGE_SALT = 104_729
+
+
+def exchange_codec(compression: CompressionConfig, seed: int, group: int,
+                   layout: Sequence[TensorSlot]) -> GradientCodec | None:
+    """The codec a GSSP group server compresses its own delta with (error feedback at the sender)."""
+    return worker_codec(compression, seed, 1_000_000 + group, layout, salt=EXCHANGE_SALT)

@@ -45,13 +45,20 @@ class GDTopKSchedule:
         progress = epoch / self.warmup_epochs
         return final * (self.initial_density / final) ** (1.0 - progress)
 
-    def group_density(self, epoch: float, times: Sequence[float], members: Sequence[int]) -> float:
+    def group_density(self, epoch: float, times: Sequence[float], members: Sequence[int],
+                      groups: Sequence[Sequence[int]] = ()) -> float:
         """Density of the group ``members`` (indices into every worker's iteration ``times``).
 
-        The group's time is its members' median; before any time is known
-        (GSSP still profiling) every group gets the fastest group's setting.
+        A group's time is its members' median; the endpoints are the fastest
+        and the slowest *group's* times (``groups``; without them, every
+        worker is its own group). Before any time is known (GSSP still
+        profiling) every group gets the fastest group's setting.
         """
-        if not times or min(times) <= 0:
+        if not times or min(times) <= 0 or not members:
             return self.density(epoch, 1.0, 1.0, 1.0)
-        group_time = float(sorted(times[m] for m in members)[len(members) // 2])
-        return self.density(epoch, group_time, min(times), max(times))
+        medians = [_median(times, g) for g in groups if g] or list(times)
+        return self.density(epoch, _median(times, members), min(medians), max(medians))
+
+
+def _median(times: Sequence[float], members: Sequence[int]) -> float:
+    return float(sorted(times[m] for m in members)[len(members) // 2])

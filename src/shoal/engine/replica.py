@@ -29,6 +29,8 @@ class Replica:
         self.buffers = buffers.detach().clone()
         self.weight_decay = opt.weight_decay
         self.lr = opt.lr
+        self.momentum = opt.momentum if opt.name == "sgd" else 0.0
+        self.lr_scale = 1.0
         self.scale_invariant = opt.name == "adam"
         self.optimizer = self._make_optimizer(opt)
         self.outer = outer
@@ -152,7 +154,24 @@ class Replica:
         """Change the learning rate (a step of the decay schedule)."""
         self.lr = lr
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * self.lr_scale
+
+    def set_update_share(self, share: float) -> None:
+        """Decay SGD momentum on the clock of *all* updates, of which this server applies ``share``.
+
+        One server taking every update decays its momentum by m per update. A
+        GSSP group server that takes a fraction ``share`` of them decays by
+        m ** (1 / share) per own update and scales its step by
+        (1 - m_k) / (1 - m), so every gradient still moves the model by
+        lr / (1 - m) in total, over the same wall time as on one server.
+        """
+        if not self.momentum or share <= 0:
+            return
+        momentum = self.momentum ** (1.0 / min(1.0, share))
+        self.lr_scale = (1.0 - momentum) / (1.0 - self.momentum)
+        for group in self.optimizer.param_groups:
+            group["momentum"] = momentum
+            group["lr"] = self.lr * self.lr_scale
 
     def add_buffer_deltas(self, deltas: Sequence[torch.Tensor], weight: float) -> None:
         """Move batch-norm statistics by the weighted sum of the workers' changes."""

@@ -50,11 +50,15 @@ class GSSP:
         regroup: bool = True,
         regroup_margin: float = 0.05,
         regroup_patience: int = 3,
+        split_ratio: float = 1.0,
+        regroup_cooldown_s: float = 0.0,
     ) -> None:
         self.workers, self.staleness, self.exchange_every = workers, staleness, exchange_every
         self.groups_setting, self.threshold, self.max_groups = groups, threshold, max_groups
+        self.split_ratio = split_ratio
         self.profiler = IterationProfiler(workers, warmup=profile_iterations, window=profile_window)
-        self.regrouper = Regrouper(groups, threshold, max_groups, regroup_margin, regroup_patience) if regroup else None
+        self.regrouper = Regrouper(groups, threshold, max_groups, regroup_margin, regroup_patience, split_ratio,
+                                   regroup_cooldown_s) if regroup else None
         self.groups: Groups = [list(range(workers))]
         self.policies: list[SSP] = [SSP(range(workers), staleness)]
         self.server_of: dict[int, int] = {w: 0 for w in range(workers)}
@@ -82,21 +86,30 @@ class GSSP:
             return True
         return False
 
-    def initial_split(self) -> Groups | None:
+    def initial_split(self, now: float = 0.0) -> Groups | None:
         """The first grouping, once every worker has been profiled (None: not yet, or already)."""
         if self.grouped or not self.profiler.ready:
             return None
         self.grouped = True
-        groups = choose_groups(self.profiler.times(), self.groups_setting, self.threshold, self.max_groups)
+        groups = choose_groups(self.profiler.times(), self.groups_setting, self.threshold, self.max_groups,
+                               self.split_ratio)
         self._install(groups)
+        if self.regrouper is not None:
+            self.regrouper.last_change_s = now
         return groups
 
-    def check_regroup(self) -> list[Move]:
-        """Move workers if their observed speeds drifted enough (hysteresis in the Regrouper)."""
+    def check_regroup(self, now: float = float("inf")) -> list[Move]:
+        """Move workers if their observed speeds drifted enough (hysteresis in the Regrouper).
+
+        Speeds that converge merge groups: a server may end with no members
+        (``idle_servers``); it keeps receiving its peers' deltas, so it can
+        take members again later. The number of servers never exceeds what
+        the first grouping chose.
+        """
         if not self.grouped or self.regrouper is None or self.servers == 1:
             return []
         times = self.profiler.times()
-        proposal = self.regrouper.propose(times, [g for g in self.groups if g])
+        proposal = self.regrouper.propose(times, [g for g in self.groups if g], now)
         if proposal is None:
             return []
         proposal = self._fit_to_servers(proposal, times)
@@ -113,19 +126,42 @@ class GSSP:
         self.groups = [sorted(self.policies[s].clocks) for s in range(self.servers)]
         return moves
 
+    def update_shares(self) -> list[float]:
+        """Each server's expected fraction of all updates, from the profiled iteration times.
+
+        An SSP group advances at about the pace of its slowest member, so a
+        group of n workers whose slowest takes t seconds applies n / t updates
+        per second.
+        """
+        times = self.profiler.times()
+        rates = [len(g) / max(times[w] for w in g) if g else 0.0 for g in self.groups]
+        total = sum(rates)
+        return [r / total if total else 0.0 for r in rates]
+
     def _install(self, groups: Groups) -> None:
         self.groups = [sorted(g) for g in groups]
         self.policies = [SSP(g, self.staleness) for g in self.groups]
         self.server_of = {w: s for s, g in enumerate(self.groups) for w in g}
         self._since_exchange = [0] * len(groups)
 
+    @property
+    def idle_servers(self) -> list[int]:
+        """Servers that have no members (their groups merged into others)."""
+        return [s for s, g in enumerate(self.groups) if not g]
+
     def _fit_to_servers(self, proposal: Groups, times: Sequence[float]) -> Groups:
-        """Map a proposal onto the fixed servers, fastest group to the fastest server slot."""
+        """Map a proposal onto the fixed servers, each group to the free server holding most of its members."""
         proposal = sorted(canonical(proposal), key=lambda g: min(times[w] for w in g))
         while len(proposal) > self.servers:  # merge the two slowest groups
             last = proposal.pop()
             proposal[-1] = sorted(proposal[-1] + last)
-        return proposal + [[] for _ in range(self.servers - len(proposal))]
+        slots: Groups = [[] for _ in range(self.servers)]
+        free = set(range(self.servers))
+        for group in sorted(proposal, key=len, reverse=True):
+            best = max(sorted(free), key=lambda s: sum(self.server_of[w] == s for w in group))
+            slots[best] = group
+            free.remove(best)
+        return slots
 
 
 def gssp_from_config(sync: SyncConfig, workers: int) -> GSSP:
@@ -134,4 +170,5 @@ def gssp_from_config(sync: SyncConfig, workers: int) -> GSSP:
         workers, sync.staleness, sync.exchange_every, groups=sync.groups, threshold=sync.group_threshold,
         max_groups=sync.max_groups, profile_iterations=sync.profile_iterations, profile_window=sync.profile_window,
         regroup=sync.regroup, regroup_margin=sync.regroup_margin, regroup_patience=sync.regroup_patience,
+        split_ratio=sync.split_ratio, regroup_cooldown_s=sync.regroup_cooldown_s,
     )
