@@ -53,7 +53,8 @@ SCHEMES: dict[str, list[str]] = {
     "ssp": ["sync.scheme=ssp"],
     "localsgd": ["sync.scheme=localsgd"],
     "diloco": ["sync.scheme=diloco"],
-    "gssp": ["sync.scheme=gssp"],
+    # shoal's GSSP: momentum on the clock of all updates, no split under a 1.5x speed ratio, charged exchange
+    "gssp": ["sync.scheme=gssp", "sync.group_momentum=global", "sync.split_ratio=1.5"],
 }
 OURS = "gssp"
 SYNC_BASELINES = ("bsp", "ssp")

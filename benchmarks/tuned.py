@@ -41,6 +41,14 @@ def provenance() -> dict[str, Any]:
             "command": " ".join([".venv/bin/python", *[a if " " not in a else repr(a) for a in sys.argv]])}
 
 
+def source_hash() -> str:
+    """A hash of the package's source: recorded with every cached run, so a reader sees which code made it."""
+    digest = hashlib.sha1()
+    for path in sorted((ROOT / "src" / "shoal").rglob("*.py")):
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def run_one(overrides: list[str], key: str) -> dict[str, Any]:
     """One training run through the runner; its key numbers and accuracy curve (cached)."""
     path = CACHE / f"{key}.json"
@@ -64,6 +72,7 @@ def run_one(overrides: list[str], key: str) -> dict[str, Any]:
         "bytes_exchange": summary.get("bytes_exchange", 0), "iterations": summary["iterations"],
         "groups": summary["groups"], "wall_s": summary["wall_s"], "curve": curve,
         "similarity": similarity_stats([e for e in events if e["event"] == "sim"]),
+        "source_hash": source_hash(),
     }
     CACHE.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result))
