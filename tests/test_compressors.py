@@ -366,3 +366,35 @@ def test_powersgd_trains_with_error_feedback_and_sends_less(fast_config):
     summary = SimBackend(setup, RunRecorder()).run()
     assert summary["final_accuracy"] > 0.85
     assert summary["bytes_up"] < 0.2 * summary["iterations"] * 4 * summary["params"]
+
+
+def test_dgc_momentum_correction_and_factor_masking_by_hand():
+    """u = m u + g, v = v + u; the sent values clear u and v (DGC, Algorithm 1 with masking)."""
+    from shoal.compress.base import MomentumMemory
+
+    memory, m = MomentumMemory(0.5), 0.5
+    g1, g2 = torch.tensor([4.0, 1.0, -2.0]), torch.tensor([2.0, 2.0, 2.0])
+    v = memory.compensate("w", g1)  # u = g1, v = g1
+    assert torch.equal(v, g1)
+    memory.update("w", v, torch.tensor([4.0, 0.0, 0.0]))  # top-1 sent: index 0
+    v = memory.compensate("w", g2)  # u = m * [0, 1, -2] + g2 = [2, 2.5, 1]; v = [0, 1, -2] + u
+    assert torch.equal(v, torch.tensor([2.0, 3.5, -1.0]))
+    memory.update("w", v, torch.tensor([0.0, 3.5, 0.0]))
+    assert torch.equal(memory.velocities["w"], torch.tensor([2.0, 0.0, 1.0]))
+    assert torch.equal(memory.accumulations["w"], torch.tensor([2.0, 0.0, -1.0]))
+    assert m == memory.momentum
+
+
+def test_dgc_moves_momentum_to_the_workers(fast_config, tmp_path):
+    from shoal.compress.codec import server_optimizer, worker_codec
+    from shoal.compress.base import MomentumMemory
+    from shoal.runner import train
+
+    cfg = fast_config("compression.method=dgc", "compression.density=0.05", "run.max_time_s=3",
+                      "run.stop_at_target=false")
+    assert server_optimizer(cfg.compression, cfg.optimizer).momentum == 0.0
+    layout = [TensorSlot("w", (4,), 0, 4)]
+    assert isinstance(worker_codec(cfg.compression, 0, 0, layout, opt=cfg.optimizer).memory, MomentumMemory)
+    off = cfg.model_copy(update={"compression": cfg.compression.model_copy(update={"momentum_correction": False})})
+    assert server_optimizer(off.compression, off.optimizer).momentum == cfg.optimizer.momentum
+    assert train(cfg, tmp_path / "r")["final_accuracy"] > 0.8

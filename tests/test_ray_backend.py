@@ -288,7 +288,7 @@ def test_resume_refuses_a_folder_without_checkpoint(tmp_path):
 
 
 # SIM with every tensor similar enough (threshold -1), so skipping certainly happens after a short warm-up
-SIM = ["compression.similarity.enabled=true", "compression.similarity.threshold=-1",
+SIM = ["compression.similarity.enabled=true", "compression.similarity.rule=cosine", "compression.similarity.threshold=-1",
        "compression.similarity.max_period=4", "compression.similarity.warmup_iterations=3",
        "compression.similarity.min_numel=1"]
 

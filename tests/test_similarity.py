@@ -148,13 +148,13 @@ def test_sim_that_never_finds_similarity_is_exactly_bsp(fast_config):
     base = ["run.max_iterations=40", "run.stop_at_target=false", "model.hidden=[64]"]
     dense_backend, dense = _run(fast_config(*base))
     sim_backend, sim = _run(fast_config(*base, "compression.similarity.enabled=true",
-                                        "compression.similarity.threshold=1.0"))
+                                        "compression.similarity.rule=cosine", "compression.similarity.threshold=1.0"))
     assert torch.equal(dense_backend.servers[0].replica.params, sim_backend.servers[0].replica.params)
     assert (sim["bytes_up"], sim["bytes_down"]) == (dense["bytes_up"], dense["bytes_down"])
 
 
 def test_sim_skips_similar_tensors_and_resynchronises(fast_config, tmp_path):
-    cfg = fast_config(*SIM, "compression.similarity.threshold=-1", "compression.similarity.max_period=3",
+    cfg = fast_config(*SIM, "compression.similarity.rule=cosine", "compression.similarity.threshold=-1", "compression.similarity.max_period=3",
                       "run.max_iterations=80")
     dense = train(fast_config("run.max_iterations=80", "run.stop_at_target=false", "model.hidden=[64]"),
                   tmp_path / "dense")
@@ -169,7 +169,7 @@ def test_sim_skips_similar_tensors_and_resynchronises(fast_config, tmp_path):
 
 
 def test_workers_take_the_server_value_at_an_aggregation(fast_config):
-    cfg = fast_config(*SIM, "compression.similarity.threshold=-1", "compression.similarity.max_period=4",
+    cfg = fast_config(*SIM, "compression.similarity.rule=cosine", "compression.similarity.threshold=-1", "compression.similarity.max_period=4",
                       "cluster.workers=2", "run.max_iterations=30")
     backend, _ = _run(cfg)
     server, schedule = backend.servers[0], backend.servers[0].schedule
@@ -188,7 +188,7 @@ def test_workers_take_the_server_value_at_an_aggregation(fast_config):
 
 @pytest.mark.parametrize("scheme", ["ssp", "gssp"])
 def test_sim_runs_with_stale_synchronous_schemes(fast_config, tmp_path, scheme):
-    cfg = fast_config(*SIM, f"sync.scheme={scheme}", "compression.similarity.threshold=0.0",
+    cfg = fast_config(*SIM, f"sync.scheme={scheme}", "compression.similarity.rule=cosine", "compression.similarity.threshold=0.0",
                       "cluster.speeds=[1,1,4,4]", "run.max_time_s=3")
     summary = train(cfg, tmp_path / scheme)
     events = [e for e in read_jsonl(tmp_path / scheme / "metrics.jsonl") if e["event"] == "sim"]
@@ -199,7 +199,7 @@ def test_sim_runs_with_stale_synchronous_schemes(fast_config, tmp_path, scheme):
 
 
 def test_learning_rate_decay_resets_the_periods(fast_config, tmp_path):
-    cfg = fast_config(*SIM, "compression.similarity.threshold=-1", "run.max_iterations=200",
+    cfg = fast_config(*SIM, "compression.similarity.rule=cosine", "compression.similarity.threshold=-1", "run.max_iterations=200",
                       "optimizer.lr_decay_epochs=[0.5]", "optimizer.lr_decay_factor=0.5")
     train(cfg, tmp_path / "r")
     events = read_jsonl(tmp_path / "r" / "metrics.jsonl")
@@ -213,3 +213,68 @@ def test_learning_rate_decay_resets_the_periods(fast_config, tmp_path):
 def test_optimizer_lr_at_follows_the_step_schedule():
     opt = OptimizerConfig(lr=1.0, lr_decay_epochs=[2, 5], lr_decay_factor=0.1)
     assert [opt.lr_at(e) for e in (0, 1.99, 2, 4, 5, 9)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
+
+
+# -- the calibrated rule, the base period, bounded memory ------------------------------------
+
+
+def test_snr_is_zero_at_the_noise_floor_and_grows_with_similarity():
+    from shoal.compress.similarity import snr
+
+    assert snr(1 / math.sqrt(8), 8) == pytest.approx(0.0, abs=1e-12)
+    assert snr(0.1, 8) == 0.0 and snr(1.0, 8) == math.inf and snr(0.3, 1) == math.inf
+    r = 1.0  # s^2 = (r + 1/n) / (r + 1)
+    assert snr(math.sqrt((r + 1 / 8) / (r + 1)), 8) == pytest.approx(r)
+    assert snr(0.6, 8) < snr(0.7, 8) < snr(0.8, 8)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 16), st.sampled_from([0.25, 1.0, 4.0]), st.integers(0, 1000))
+def test_snr_of_the_meter_recovers_the_true_signal_to_noise_ratio(n, ratio, seed):
+    from shoal.compress.similarity import snr
+
+    gen = torch.Generator().manual_seed(seed)
+    dim = 20_000
+    mean = torch.randn(dim, generator=gen)
+    mean *= math.sqrt(ratio) / mean.norm()
+    meter = SimilarityMeter()
+    for _ in range(n):
+        noise = torch.randn(dim, generator=gen)
+        meter.add(0, mean + noise / noise.norm())
+    assert snr(meter.similarity(0), n) == pytest.approx(ratio, rel=0.15, abs=0.05)
+
+
+def test_base_period_without_similarity_is_local_sgds_plan():
+    from shoal.sync.localsgd import PeriodicSchedule
+
+    s = schedule(rule="snr", min_snr=1.0, base_period=3, max_period=6, min_numel=0)
+    periodic = PeriodicSchedule(2, 3)
+    for c in range(30):
+        plan = s.plan(c)
+        assert plan == periodic.plan(c)
+        for i, due in enumerate(plan):
+            if due:
+                s.observe(i, 1 / math.sqrt(8), c, count=8)  # noise only
+
+
+def test_snr_rule_lengthens_the_period_only_above_min_snr():
+    s = schedule(rule="snr", min_snr=1.0, max_period=4)
+    high = math.sqrt((2.0 + 1 / 8) / (2.0 + 1))  # r = 2
+    low = math.sqrt((0.5 + 1 / 8) / (0.5 + 1))  # r = 0.5
+    s.observe(0, high, 0, count=8)
+    assert s.tensors[0].tau == 2
+    s.observe(0, low, 1, count=8)
+    assert s.tensors[0].tau == 1
+
+
+def test_open_meters_are_bounded_when_clocks_run_apart():
+    """ASP: the fastest worker is hundreds of clocks ahead of the slowest; only max_open_clocks meters stay."""
+    s = schedule(max_open_clocks=16)
+    meters = {}
+    for clock in range(500):  # fast workers reach clock 500 while the slowest is still at clock 0
+        for w in range(3):
+            meters.setdefault(clock, SimilarityMeter()).add(0, torch.randn(100) + 1)
+        s.finish_clocks(meters, min_clock=0)
+        assert len(meters) <= 16
+    assert not s.wants(100) and s.wants(499)  # the slowest's late update for clock 100 is not measured
+    assert s.tensors[0].measured is not None

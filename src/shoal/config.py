@@ -219,11 +219,20 @@ class GDTopKConfig(Section):
 
 class SimilarityConfig(Section):
     enabled: bool = Field(False, description="SIM: aggregate a parameter tensor only every tau iterations while workers' updates for it stay similar.")
-    threshold: float = Field(0.4, ge=-1, le=1, description="SIM: smoothed cosine similarity (worker update vs. aggregate) at or above which a tensor's period grows; independent noise alone gives 1/sqrt(workers).")
+    rule: Literal["snr", "cosine"] = Field("snr", description="SIM: when a tensor counts as similar. snr: the signal-to-noise ratio its mean cosine implies over the n updates measured, (s^2 - 1/n) / (1 - s^2), is at least min_snr (calibrated: 0 at the 1/sqrt(n) noise floor); cosine: the smoothed cosine is at least threshold.")
+    min_snr: float = Field(1.0, ge=0, description="SIM rule snr: the signal-to-noise ratio (|mean update|^2 / a worker's noise^2) at or above which a tensor's period grows.")
+    threshold: float = Field(0.4, ge=-1, le=1, description="SIM rule cosine: smoothed cosine similarity (worker update vs. aggregate) at or above which a tensor's period grows; independent noise alone gives 1/sqrt(workers).")
+    base_period: int = Field(1, ge=1, description="SIM: the shortest aggregation period; with base_period = H and nothing similar, SIM averages like local SGD with local_steps = H.")
     max_period: int = Field(8, ge=1, description="SIM: longest aggregation period tau (iterations); bounds how far replicas drift.")
     warmup_iterations: int = Field(20, ge=0, description="SIM: clocks (per-worker iterations) during which every tensor is aggregated every time.")
     min_numel: int = Field(1024, ge=0, description="SIM: tensors with fewer values are always aggregated (skipping them saves little).")
     smoothing: float = Field(0.5, gt=0, le=1, description="SIM: weight of the newest measurement in the similarity's moving average.")
+
+    @model_validator(mode="after")
+    def _periods(self) -> "SimilarityConfig":
+        if self.base_period > self.max_period:
+            raise ValueError(f"base_period ({self.base_period}) must not exceed max_period ({self.max_period})")
+        return self
 
 
 class CompressionConfig(Section):
@@ -232,6 +241,7 @@ class CompressionConfig(Section):
     )
     density: float = Field(0.01, gt=0, le=1, description="Fraction of values kept by sparsifying compressors.")
     rank: int = Field(4, ge=1, description="powersgd: rank r of the low-rank approximation of each matrix-shaped tensor.")
+    momentum_correction: bool = Field(True, description="dgc with SGD momentum: workers apply the momentum before sparsifying and clear it where values were sent (DGC's momentum correction and factor masking); the server steps plain SGD.")
     error_feedback: bool = Field(True, description="Keep what was not sent and add it to the next gradient (biased compressors only: unbiased ones, randk and qsgd, skip it because feeding back their variance diverges).")
     gdtopk: GDTopKConfig = GDTopKConfig()
     similarity: SimilarityConfig = SimilarityConfig()

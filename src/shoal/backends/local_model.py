@@ -81,4 +81,5 @@ def aggregation_schedule(cfg: Config, layout: Sequence[TensorSlot]) -> Similarit
     return SimilaritySchedule(
         [s.name for s in layout], [s.numel for s in layout], threshold=sim.threshold, max_period=sim.max_period,
         warmup_iterations=sim.warmup_iterations, min_numel=sim.min_numel, smoothing=sim.smoothing,
+        rule=sim.rule, min_snr=sim.min_snr, base_period=sim.base_period,
     )

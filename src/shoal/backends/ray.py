@@ -41,7 +41,7 @@ from shoal.backends.ray_actors import GroupServer, Link, Worker
 from shoal.backends.ray_switch import SERVER, SwitchActor, worker_name
 from shoal.cluster.grouping import choose_groups
 from shoal.compress import GDTopKSchedule
-from shoal.compress.codec import exchange_codec
+from shoal.compress.codec import exchange_codec, server_optimizer
 from shoal.compress.similarity import similarity_summary
 from shoal.config import BackendConfig, Config, ConfigError
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
@@ -299,7 +299,7 @@ class RayBackend:
     def _server_actor(self, index: int) -> Any:
         c, b = self.cfg.cluster, self.cfg.backend
         peer_link = Link(c.latency_ms / 1e3, c.server_gbps * 1e9, c.emulate)
-        args = (index, self.cfg.optimizer, 1.0 / self.n, self.cfg.sync.exchange_every, peer_link, b.torch_threads,
+        args = (index, server_optimizer(self.cfg.compression, self.cfg.optimizer), 1.0 / self.n, self.cfg.sync.exchange_every, peer_link, b.torch_threads,
                 outer_step(self.cfg))
         return self._actor(GroupServer, {"num_cpus": b.cpus_per_server, "max_concurrency": 10_000}, args)
 

@@ -364,6 +364,8 @@ class GroupServer:
         if self.schedule.periodic:
             return
         for grad, _, sim in pushes:
+            if not self.schedule.wants(sim["clock"]):
+                continue
             meter = self._meters.setdefault(sim["clock"], SimilarityMeter())
             for i, sl in enumerate(self.slices):
                 if sim["grad_mask"][i]:
@@ -543,7 +545,8 @@ class Worker:
         return torch.device("cuda") if gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
 
     def _codec(self, salt: int = 0) -> GradientCodec | None:
-        return worker_codec(self.cfg.compression, self.cfg.run.seed, self.w, self.engine.layout, salt)
+        opt = self.cfg.optimizer if salt == 0 else None  # gradients (not SIM's local changes) get DGC's momentum
+        return worker_codec(self.cfg.compression, self.cfg.run.seed, self.w, self.engine.layout, salt, opt)
 
     # -- control (called by the driver) -------------------------------------------------
 

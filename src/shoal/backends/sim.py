@@ -26,7 +26,7 @@ import torch
 from shoal.cluster import StragglerModel
 from shoal.backends.local_model import LocalModel, aggregation_schedule, outer_step, uses_local_models
 from shoal.compress import GDTopKSchedule, GradientCodec
-from shoal.compress.codec import DELTA_SALT, exchange_codec, worker_codec
+from shoal.compress.codec import DELTA_SALT, exchange_codec, server_optimizer, worker_codec
 from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule, similarity_summary
 from shoal.sync.localsgd import PeriodicSchedule
 from shoal.config import Config
@@ -148,6 +148,8 @@ class SimServer:
         if self.schedule.periodic:
             return
         for push in pushes:
+            if not self.schedule.wants(push.clock):
+                continue
             meter = self._meters.setdefault(push.clock, SimilarityMeter())
             for i, sl in enumerate(self.slices):
                 if push.grad_mask[i]:
@@ -192,6 +194,7 @@ class SimBackend:
         policy = self.gssp.policy(0) if self.gssp else make_policy(sync.scheme, range(n), sync.staleness, sync.local_steps)
         self.slices = [slice(s.offset, s.offset + s.numel) for s in setup.engine.layout]
         self.lr = self.cfg.optimizer.lr
+        self.server_opt = server_optimizer(self.cfg.compression, self.cfg.optimizer)
         self.servers = [self._make_server(policy, self._initial_replica(), self._new_schedule())]
         self.codecs = self._make_codecs()
         self.locals = self._make_local_models()
@@ -213,7 +216,7 @@ class SimBackend:
         if not self.setup.train_mode:
             return None
         params, buffers = self.setup.engine.initial_state()
-        return Replica(params, buffers, self.cfg.optimizer, track_own=self.gssp is not None, outer=outer_step(self.cfg))
+        return Replica(params, buffers, self.server_opt, track_own=self.gssp is not None, outer=outer_step(self.cfg))
 
     def _new_schedule(self) -> SimilaritySchedule | PeriodicSchedule | None:
         return aggregation_schedule(self.cfg, self.setup.engine.layout)
@@ -226,7 +229,8 @@ class SimBackend:
         return [LocalModel(params, buffers, self.cfg.optimizer, self.setup.engine.layout) for _ in self.stats]
 
     def _make_codecs(self, salt: int = 0) -> list[GradientCodec]:
-        codecs = [worker_codec(self.cfg.compression, self.cfg.run.seed, w, self.setup.engine.layout, salt)
+        opt = self.cfg.optimizer if salt == 0 else None  # gradients (not SIM's local changes) get DGC's momentum
+        codecs = [worker_codec(self.cfg.compression, self.cfg.run.seed, w, self.setup.engine.layout, salt, opt)
                   for w in range(len(self.stats))]
         return [c for c in codecs if c is not None]
 
@@ -470,7 +474,7 @@ class SimBackend:
         assert self.gssp is not None
         source = self.servers[0]
         self.servers = [
-            self._make_server(self.gssp.policy(g), source.replica.clone(self.cfg.optimizer) if source.replica else None,
+            self._make_server(self.gssp.policy(g), source.replica.clone(self.server_opt) if source.replica else None,
                               source.schedule.restarted(keep_bytes=g == 0) if source.schedule else None)
             for g in range(len(groups))
         ]

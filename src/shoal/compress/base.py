@@ -85,3 +85,32 @@ class ResidualMemory(Memory):
 
     def update(self, key: str, compensated: torch.Tensor, sent: torch.Tensor) -> None:
         self.residuals[key] = compensated - sent
+
+
+class MomentumMemory(Memory):
+    """DGC's momentum correction with momentum factor masking (Lin et al., ICLR 2018).
+
+    Sparsifying a gradient and letting the server apply momentum loses the
+    momentum of everything not sent. DGC moves momentum to the worker: per
+    tensor it keeps a velocity u = m * u + g and an accumulation v = v + u,
+    sends the top of v, and clears both u and v where values were sent (the
+    masking keeps stale momentum from pushing a value that just went out).
+    The server then steps plain SGD on what arrives.
+    """
+
+    def __init__(self, momentum: float) -> None:
+        self.momentum = momentum
+        self.velocities: dict[str, torch.Tensor] = {}
+        self.accumulations: dict[str, torch.Tensor] = {}
+
+    def compensate(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        velocity = self.velocities.get(key)
+        velocity = tensor.clone() if velocity is None else velocity.mul_(self.momentum).add_(tensor)
+        self.velocities[key] = velocity
+        accumulation = self.accumulations.get(key)
+        return velocity.clone() if accumulation is None else accumulation + velocity
+
+    def update(self, key: str, compensated: torch.Tensor, sent: torch.Tensor) -> None:
+        unsent = sent == 0
+        self.accumulations[key] = compensated * unsent
+        self.velocities[key].mul_(unsent)

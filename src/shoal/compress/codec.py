@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-from shoal.compress.base import Compressor, Memory, NoMemory, ResidualMemory
-from shoal.config import CompressionConfig
+from shoal.compress.base import Compressor, Memory, MomentumMemory, NoMemory, ResidualMemory
+from shoal.config import CompressionConfig, OptimizerConfig
 from shoal.compress.lowrank import PowerSGD
 from shoal.compress.quantize import FP16, QSGD
 from shoal.compress.sparsify import DGC, RandK, TopK
@@ -38,10 +38,11 @@ class GradientCodec:
     the exact number of payload bytes that travelled.
     """
 
-    def __init__(self, compressor: Compressor, layout: Sequence[TensorSlot], error_feedback: bool) -> None:
+    def __init__(self, compressor: Compressor, layout: Sequence[TensorSlot], error_feedback: bool,
+                 memory: Memory | None = None) -> None:
         self.compressor = compressor
         self.layout = list(layout)
-        self.memory: Memory = ResidualMemory() if error_feedback else NoMemory()
+        self.memory: Memory = memory or (ResidualMemory() if error_feedback else NoMemory())
 
     def encode(self, grad: torch.Tensor, density: float, send: Sequence[bool] | None = None) -> tuple[torch.Tensor, int]:
         """Compress every tensor, or only those ``send`` marks (the rest are zero and cost nothing)."""
@@ -68,19 +69,33 @@ class GradientCodec:
 DELTA_SALT = 7919
 
 
+def momentum_corrected(compression: CompressionConfig, opt: OptimizerConfig) -> bool:
+    """DGC with SGD momentum: the workers apply the momentum (``MomentumMemory``), the server plain SGD."""
+    return (compression.method == "dgc" and compression.momentum_correction and compression.error_feedback
+            and opt.name == "sgd" and opt.momentum > 0)
+
+
+def server_optimizer(compression: CompressionConfig, opt: OptimizerConfig) -> OptimizerConfig:
+    """The optimizer a server steps with: without momentum where the workers already apply it (DGC)."""
+    return opt.model_copy(update={"momentum": 0.0}) if momentum_corrected(compression, opt) else opt
+
+
 def worker_codec(compression: CompressionConfig, seed: int, worker: int, layout: Sequence[TensorSlot],
-                 salt: int = 0) -> GradientCodec | None:
+                 salt: int = 0, opt: OptimizerConfig | None = None) -> GradientCodec | None:
     """The codec of one worker (None without a compressor); both backends build theirs here.
 
     Error feedback accumulates what a compressor dropped; for an unbiased
     compressor that is its variance, which feedback amplifies (measured: the
     residual of scaled randk grows without bound), so only biased ones use it.
+    Given the optimizer of a gradient codec, DGC also gets its momentum
+    correction (``momentum_corrected``).
     """
     compressor = make_compressor(compression.method, seed=(seed * 1_000_003 + worker + salt) % 2**31,
                                  rank=compression.rank)
     if compressor is None:
         return None
-    return GradientCodec(compressor, layout, compression.error_feedback and not compressor.unbiased)
+    memory = MomentumMemory(opt.momentum) if opt is not None and momentum_corrected(compression, opt) else None
+    return GradientCodec(compressor, layout, compression.error_feedback and not compressor.unbiased, memory)
 
 
 #: seed offset of the codec a GSSP group server keeps for its own-delta exchange

@@ -4,8 +4,13 @@ For every parameter tensor the server measures how similar the workers'
 updates are (the mean cosine between each worker's update and their sum,
 computed from what the server received anyway, so it costs no traffic),
 smooths it, and sets an aggregation period tau: tau grows by one at each
-aggregation while the smoothed similarity stays at or above the threshold
-(up to ``max_period``) and collapses to 1 when it falls below. Between
+aggregation while the tensor counts as similar (up to ``max_period``) and
+collapses to ``base_period`` when it does not. "Similar" is calibrated
+against the noise floor: independent updates of n workers already have a
+mean cosine of 1/sqrt(n) with their sum, so rule "snr" turns the cosine s
+into the signal-to-noise ratio it implies, r = (s^2 - 1/n) / (1 - s^2)
+(|mean update|^2 over a worker's noise^2), and asks for r >= ``min_snr``;
+rule "cosine" compares s with a fixed ``threshold`` (the first version). Between
 aggregations workers step the tensor locally; at an aggregation they send
 their accumulated change and take the server's value (see docs/sim.md).
 
@@ -33,6 +38,7 @@ class TensorSchedule:
     last_sync: int = -1
     similarity: float | None = None  # smoothed
     measured: float | None = None  # the latest raw measurement
+    count: int = 0  # updates the latest measurement was over
     bytes_saved: int = 0
 
 
@@ -40,11 +46,12 @@ class SimilaritySchedule:
     """Per-tensor aggregation periods driven by measured similarity.
 
     ``plan(c)`` says which tensors are aggregated at clock ``c``;
-    ``observe(i, s, c)`` feeds the similarity measured for tensor ``i`` at
-    the aggregation at clock ``c``. Rule: no skipping before
-    ``warmup_iterations`` or for tensors under ``min_numel``; otherwise after
-    each observation tau += 1 (capped) if the smoothed similarity is
-    >= ``threshold``, else tau = 1.
+    ``observe(i, s, c, n)`` feeds the similarity measured over ``n`` updates
+    for tensor ``i`` at the aggregation at clock ``c``. Rule: no skipping
+    before ``warmup_iterations`` or for tensors under ``min_numel``; otherwise
+    after each observation tau += 1 (capped) if the tensor is similar (see
+    the module docstring), else tau = ``base_period``. With a base period H
+    and nothing similar, the plan is local SGD's: every tensor every H clocks.
     """
 
     periodic = False  # SIM measures and decides; sync.localsgd.PeriodicSchedule is the fixed plan
@@ -59,12 +66,19 @@ class SimilaritySchedule:
         warmup_iterations: int,
         min_numel: int,
         smoothing: float = 0.5,
+        rule: str = "cosine",
+        min_snr: float = 1.0,
+        base_period: int = 1,
+        max_open_clocks: int = 16,
     ) -> None:
         if len(names) != len(numels):
             raise ValueError("names and numels differ in length")
-        if max_period < 1 or not 0 < smoothing <= 1:
-            raise ValueError("max_period must be >= 1 and smoothing in (0, 1]")
-        self.tensors = [TensorSchedule(n, k) for n, k in zip(names, numels)]
+        if not 1 <= base_period <= max_period or not 0 < smoothing <= 1 or rule not in ("cosine", "snr"):
+            raise ValueError("need 1 <= base_period <= max_period, smoothing in (0, 1], rule cosine or snr")
+        self.tensors = [TensorSchedule(n, k, tau=base_period) for n, k in zip(names, numels)]
+        self.rule, self.min_snr, self.base_period = rule, min_snr, base_period
+        self.max_open_clocks = max_open_clocks
+        self.measured_below = 0  # clocks under this were measured already; late updates for them are not
         self.threshold = threshold
         self.max_period = max_period
         self.warmup = warmup_iterations
@@ -83,6 +97,7 @@ class SimilaritySchedule:
         """
         fresh = self.clone()
         fresh._plans.clear()
+        fresh.measured_below = 0
         for t in fresh.tensors:
             t.last_sync = -1
             t.bytes_saved = t.bytes_saved if keep_bytes else 0
@@ -101,38 +116,64 @@ class SimilaritySchedule:
         return self._plans[clock]
 
     def _decide(self, t: TensorSchedule, clock: int) -> bool:
-        due = clock < self.warmup or t.tau <= 1 or clock - t.last_sync >= t.tau
+        if clock < self.warmup or t.numel < self.min_numel:
+            due = True
+        elif t.last_sync < 0:  # the first clock after the warm-up (or a restart) starts the period
+            due = (clock + 1) % t.tau == 0  # local SGD's sync clocks
+        else:
+            due = clock - t.last_sync >= t.tau
         if due:
             t.last_sync = max(t.last_sync, clock)
         return due
 
-    def observe(self, index: int, similarity: float, clock: int) -> None:
-        """The similarity measured for tensor ``index`` at its aggregation at ``clock``."""
+    def observe(self, index: int, similarity: float, clock: int, count: int = 2) -> None:
+        """The similarity measured over ``count`` updates for tensor ``index`` at its aggregation at ``clock``."""
         t = self.tensors[index]
         t.measured = similarity
         t.similarity = similarity if t.similarity is None else (
             self.smoothing * similarity + (1 - self.smoothing) * t.similarity
         )
-        if clock < self.warmup or t.numel < self.min_numel or t.similarity < self.threshold:
-            t.tau = 1
+        t.count = count
+        if clock < self.warmup or t.numel < self.min_numel or not self._similar(t.similarity, count):
+            t.tau = self.base_period
         else:
             t.tau = min(t.tau + 1, self.max_period)
 
+    def _similar(self, similarity: float, count: int) -> bool:
+        if self.rule == "cosine":
+            return similarity >= self.threshold
+        return snr(similarity, count) >= self.min_snr
+
+    def wants(self, clock: int) -> bool:
+        """Whether an update for ``clock`` is still measured (False once that clock's meter was finished)."""
+        return clock >= self.measured_below
+
     def finish_clocks(self, meters: dict[int, "SimilarityMeter"], min_clock: int) -> list[int]:
-        """Feed the measurements of every clock all members have passed (below ``min_clock``); return those clocks."""
-        done = sorted(c for c in meters if c < min_clock)
+        """Feed the measurements of every clock all members have passed (below ``min_clock``); return those clocks.
+
+        Without a staleness bound (ASP) the fastest worker runs unboundedly
+        ahead of the slowest, so at most ``max_open_clocks`` meters stay
+        open: the oldest are finished with the updates they have (memory
+        stays flat however long the run). A clock measured over fewer than
+        two updates says nothing and is dropped.
+        """
+        open_clocks = sorted(meters)
+        done = [c for c in open_clocks if c < min_clock]
+        done += open_clocks[len(done): max(len(done), len(open_clocks) - self.max_open_clocks)]
         for clock in done:
             meter = meters.pop(clock)
-            for i in meter.count:
-                if (similarity := meter.similarity(i)) is not None:
-                    self.observe(i, similarity, clock)
+            for i, count in meter.count.items():
+                if count >= 2 and (similarity := meter.similarity(i)) is not None:
+                    self.observe(i, similarity, clock, count)
+        if done:
+            self.measured_below = max(self.measured_below, done[-1] + 1)
         self.forget_before(min_clock - 1)
         return done
 
     def reset(self) -> None:
-        """Back to aggregating everything every clock (e.g. at a learning-rate decay)."""
+        """Back to aggregating every tensor every base period (e.g. at a learning-rate decay)."""
         for t in self.tensors:
-            t.tau = 1
+            t.tau = self.base_period
             t.similarity = None
 
     def forget_before(self, clock: int) -> None:
@@ -153,8 +194,19 @@ class SimilaritySchedule:
             "tau": [t.tau for t in self.tensors],
             "similarity": [None if t.similarity is None else round(t.similarity, 5) for t in self.tensors],
             "measured": [None if t.measured is None else round(t.measured, 5) for t in self.tensors],
+            "snr": [None if t.similarity is None else round(min(snr(t.similarity, t.count), 1e6), 5)
+                    for t in self.tensors],
             "bytes_saved": [t.bytes_saved for t in self.tensors],
         }
+
+
+def snr(similarity: float, count: int) -> float:
+    """The signal-to-noise ratio |mean|^2 / noise^2 that a mean cosine ``similarity`` of ``count`` updates with
+    their sum implies: s^2 = (r + 1/n) / (r + 1) solved for r (0 at the noise floor 1/sqrt(n), inf at s = 1)."""
+    if count <= 1 or similarity >= 1.0:
+        return float("inf")
+    s2 = max(similarity, 0.0) ** 2
+    return max(0.0, (s2 - 1.0 / count) / (1.0 - s2))
 
 
 class SimilarityMeter:
