@@ -162,3 +162,51 @@ def fmt_interval(iv: dict[str, Any], digits: int = 0, scale: float = 1.0) -> str
     if iv.get("ci90"):
         text += f" (90%: {f(iv['ci90'][0])}..{f(iv['ci90'][1])})"
     return text
+
+
+def ratio_text(sp: dict[str, Any]) -> str:
+    """A speed-up with its bootstrap interval: ``1.20x (90%: 0.80..1.90)``."""
+    if sp.get("value") is None:
+        return "n/a (a median is unreached)"
+    ci = ""
+    if sp.get("ci90"):
+        lo, hi = sp["ci90"]
+        ci = f" (90%: {'0' if lo is None else f'{lo:.2f}'}..{'inf' if hi is None else f'{hi:.2f}'})"
+    return f"{sp['value']:.2f}x{ci}"
+
+
+def simple_markdown(title: str, rows: list[dict[str, Any]], checks: dict[str, Any], meta: dict[str, Any],
+                    extra_columns: dict[str, str] | None = None) -> str:
+    """The results table of a tuned comparison: rows, verdicts, the tuning grid, provenance."""
+    from shoal.report.tuning import median_time
+
+    extra = extra_columns or {}
+    target = meta["target"]
+    lines = [
+        f"# {title}", "",
+        f"Each scheme's `optimizer.lr` is tuned over {meta['lrs']} on seeds {meta['tune_seeds']} (best median time "
+        f"to {target:.0%}, 3 evaluations in a row; tuning runs stop at the target); the chosen lr then runs the whole "
+        f"budget on seeds {meta['tune_seeds'] + meta['final_seeds']}. Cells: median [min..max] (90%: bootstrap "
+        "interval of the median); n/r = not reached (counted as slowest). Final accuracy: mean of the last five "
+        "evaluations.", "",
+        f"Commit `{meta['git_commit'][:10]}`; command: `{meta['command']}`.", "",
+        "| scheme | tuned lr | time to target (s) | per seed | final acc. (%) | upload MB | exchange MB | iterations |"
+        + "".join(f" {name} |" for name in extra),
+        "|---|---:|---|---|---|---:|---:|---:|" + "---|" * len(extra),
+    ]
+    for r in rows:
+        per_seed = ", ".join("n/r" if t is None else f"{t:.0f}" for t in r["time_to_target_s"])
+        lines.append(
+            f"| {r['scheme']} | {r['tuned']} | {fmt_interval(r['time'])} | {per_seed} | {fmt_interval(r['final'], 2, 100)}"
+            f" | {r['bytes_up'] / 1e6:.1f} | {r['bytes_exchange'] / 1e6:.1f} | {r['iterations']:.0f} |"
+            + "".join(f" {r.get(key)} |" for key in extra.values()))
+    lines += ["", "Verdicts:", ""]
+    for key, value in checks.items():
+        lines.append(f"- {key}: {ratio_text(value) if isinstance(value, dict) else value}")
+    lines += ["", "Tuning grid (median time to target over the tuning seeds, s; n/r = not reached; * = chosen):", "",
+              "| scheme | " + " | ".join(f"lr {v}" for v in meta["lrs"]) + " |", "|---|" + "---:|" * len(meta["lrs"])]
+    for scheme, points in meta["tuning"].items():
+        cells = [("n/r" if (t := median_time(p["time_to_target_s"])) is None else f"{t:.0f}")
+                 + (" *" if p["value"] == meta["chosen"][scheme] else "") for p in points]
+        lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
