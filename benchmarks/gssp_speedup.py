@@ -53,8 +53,9 @@ SCHEMES: dict[str, list[str]] = {
     "ssp": ["sync.scheme=ssp"],
     "localsgd": ["sync.scheme=localsgd"],
     "diloco": ["sync.scheme=diloco"],
-    # shoal's GSSP: momentum on the clock of all updates, no split under a 1.5x speed ratio, charged exchange
-    "gssp": ["sync.scheme=gssp", "sync.group_momentum=global", "sync.split_ratio=1.5"],
+    # shoal's GSSP: momentum on the clock of all updates, no split under a 1.5x speed ratio, no waiting for
+    # transient stragglers, charged exchange
+    "gssp": ["sync.scheme=gssp", "sync.group_momentum=global", "sync.split_ratio=1.5", "sync.transient_factor=2"],
 }
 OURS = "gssp"
 SYNC_BASELINES = ("bsp", "ssp")

@@ -196,3 +196,15 @@ def test_staleness_counts_every_update_a_received_delta_holds(fast_config, tmp_p
     seen = {e["staleness"] for e in events if e["event"] == "iteration" and e["worker"] == 0 and e["t"] > split + 1
             and e["staleness"] is not None}
     assert 4 in seen and all(s % 4 == 0 for s in seen)
+
+
+def test_a_group_does_not_wait_for_its_transient_stragglers(fast_config, tmp_path):
+    straggle = ("cluster.stragglers.probability=0.05", "cluster.stragglers.slowdown=4",
+                "cluster.stragglers.duration=5", "run.max_time_s=20")
+    excused = train(_gssp(fast_config, *straggle), tmp_path / "on")
+    waited = train(_gssp(fast_config, *straggle, "sync.transient_factor=0"), tmp_path / "off")
+    for summary in (excused, waited):  # a slow spell while profiling may split a third group, merged later
+        assert [g for g in summary["groups"] if g] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    wait = lambda s: sum(p["wait_s"] for p in s["per_worker"])  # noqa: E731
+    assert wait(excused) < 0.3 * wait(waited)
+    assert excused["iterations"] > 1.2 * waited["iterations"]

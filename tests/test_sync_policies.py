@@ -92,3 +92,43 @@ def test_bsp_merges_every_push_exactly_once(n, seed):
         eligible = [w for w in range(n) if p.may_start(w)]
         merged.extend(p.on_push(rng.choice(eligible)))
     assert sorted(merged) == sorted(w for w in range(n) for _ in range(p.min_clock))
+
+
+def test_an_excused_straggler_gates_nobody_and_rejoins_at_the_slowest_clock():
+    p = SSP(range(3), staleness=1)
+    for _ in range(2):
+        p.on_push(0)
+        p.on_push(1)
+    assert p.min_clock == 0 and not p.may_start(0)  # worker 2 (clock 0) holds 0 and 1 back
+    assert p.excuse(2) and p.min_clock == 2 and p.may_start(0)
+    p.on_push(2)  # its push still counts
+    assert p.clocks[2] == 1 and p.min_clock == 2
+    assert p.readmit(2) and p.clocks[2] == 2 and p.min_clock == 2  # the lost clock is skipped
+    assert not p.readmit(2)
+
+
+def test_the_last_counted_worker_is_never_excused_and_removal_readmits():
+    p = SSP(range(2), staleness=1)
+    assert p.excuse(0) and not p.excuse(1)
+    p.on_push(1)
+    p.remove(1)  # the last counted worker leaves: the excused one is counted again
+    assert p.excused == set() and p.min_clock == p.clocks[0] == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["push", "excuse", "readmit", "remove", "add"]), st.integers(0, 4)),
+                max_size=60))
+def test_slowest_clock_is_the_minimum_over_counted_workers(ops):
+    p = SSP(range(5), staleness=2)
+    for op, w in ops:
+        if op == "add":
+            if w not in p.clocks:
+                p.add(w)
+        elif w not in p.clocks or (op == "remove" and len(p.clocks) == 1):
+            continue
+        elif op == "push":
+            p.on_push(w)
+        else:
+            getattr(p, op)(w)
+        counted = [c for v, c in p.clocks.items() if v not in p.excused]
+        assert counted and p.min_clock == min(counted)

@@ -578,8 +578,8 @@ class RayBackend:
             compute_real_s=r["compute_real_s"],
         )
         self._recent.append((r["t"], stats.group))
-        if self.gssp is not None:
-            self.gssp.observe(w, r["compute_s"] + r["comm_s"])
+        if self.gssp is not None and (transient := self.gssp.observe(w, r["compute_s"] + r["comm_s"])) is not None:
+            self.servers[self.gssp.server_of[w]].set_transient.remote(w, transient)
 
     def _after_records(self) -> None:
         """GSSP decisions on what was observed; lr decay."""

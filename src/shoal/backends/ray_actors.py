@@ -229,6 +229,12 @@ class GroupServer:
             self.replica.set_update_share(share)
         self.exchange_density = density
 
+    def set_transient(self, worker: int, straggling: bool) -> None:
+        """GSSP: stop waiting for a transient straggler (True), or count it again (False)."""
+        if self.policy is not None and worker in self.policy.clocks:
+            self.policy.excuse(worker) if straggling else self.policy.readmit(worker)
+            self._wake()
+
     def set_exchange_codec(self, codec: GradientCodec | None) -> None:
         """GSSP: the compressor (with its sender-side error feedback) of this server's own-delta exchange."""
         self.exchange_codec = codec

@@ -163,6 +163,10 @@ class SimServer:
             return []
         return self.schedule.finish_clocks(self._meters, self.policy.min_clock)
 
+    def wake(self) -> None:
+        """Release the waiters whose threshold the slowest clock has reached."""
+        self._wake()
+
     def _wake(self) -> None:
         while self._waiters and self._waiters[0][0] <= self.policy.min_clock:
             heapq.heappop(self._waiters)[2].succeed()
@@ -445,7 +449,8 @@ class SimBackend:
     def _gssp_step(self, w: int, server: SimServer, applied: int, iteration_s: float) -> None:
         gssp = self.gssp
         assert gssp is not None
-        gssp.observe(w, iteration_s)
+        if gssp.observe(w, iteration_s) is not None:  # a transient straggler excused or readmitted
+            self.server_of(w).wake()
         index = self.servers.index(server)
         if applied and gssp.local_update(index):
             self.env.process(self._exchange(index))

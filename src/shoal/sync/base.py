@@ -25,6 +25,7 @@ class SyncPolicy(ABC):
             raise ValueError("a policy needs at least one worker")
         self._at_clock: Counter[int] = Counter({0: len(self.clocks)})
         self._min = 0
+        self.excused: set[int] = set()  # transient stragglers: not counted in the slowest clock
 
     @property
     def workers(self) -> list[int]:
@@ -53,11 +54,45 @@ class SyncPolicy(ABC):
 
     def remove(self, worker: int) -> tuple[int, ...]:
         """Forget ``worker`` (it died or moved); return an update it was holding back, if any."""
+        if worker in self.excused:
+            self.excused.discard(worker)
+            self.clocks.pop(worker)
+            return self._release_after_remove()
+        if len(self.clocks) - len(self.excused) == 1:  # the last counted worker: count the excused again
+            for other in sorted(self.excused):
+                self.readmit(other)
         clock = self.clocks.pop(worker)
         self._at_clock[clock] -= 1
         if self.clocks:
             self._advance_min()
         return self._release_after_remove()
+
+    def excuse(self, worker: int) -> bool:
+        """Stop counting ``worker`` in the slowest clock (a transient straggler), so nobody waits for it.
+
+        Its pushes still count and are applied; the last counted worker is
+        never excused. Returns whether anything changed.
+        """
+        if worker in self.excused or worker not in self.clocks or len(self.clocks) - len(self.excused) <= 1:
+            return False
+        self.excused.add(worker)
+        self._at_clock[self.clocks[worker]] -= 1
+        self._advance_min()
+        return True
+
+    def readmit(self, worker: int) -> bool:
+        """Count an excused ``worker`` again, at the slowest counted clock if it fell behind it.
+
+        The clocks it lost are skipped rather than waited for: otherwise
+        every peer would stall until it caught up. Returns whether anything changed.
+        """
+        if worker not in self.excused:
+            return False
+        self.excused.discard(worker)
+        clock = max(self.clocks[worker], self._min)
+        self.clocks[worker] = clock
+        self._at_clock[clock] += 1
+        return True
 
     def add(self, worker: int, clock: int | None = None) -> None:
         """Admit ``worker``; by default at the slowest clock so it gates nobody."""
@@ -74,6 +109,8 @@ class SyncPolicy(ABC):
     def _tick(self, worker: int) -> None:
         clock = self.clocks[worker]
         self.clocks[worker] = clock + 1
+        if worker in self.excused:
+            return
         self._at_clock[clock] -= 1
         self._at_clock[clock + 1] += 1
         self._advance_min()

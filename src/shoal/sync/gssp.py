@@ -52,10 +52,12 @@ class GSSP:
         regroup_patience: int = 3,
         split_ratio: float = 1.0,
         regroup_cooldown_s: float = 0.0,
+        transient_factor: float = 0.0,
     ) -> None:
         self.workers, self.staleness, self.exchange_every = workers, staleness, exchange_every
         self.groups_setting, self.threshold, self.max_groups = groups, threshold, max_groups
         self.split_ratio = split_ratio
+        self.transient_factor = transient_factor
         self.profiler = IterationProfiler(workers, warmup=profile_iterations, window=profile_window)
         self.regrouper = Regrouper(groups, threshold, max_groups, regroup_margin, regroup_patience, split_ratio,
                                    regroup_cooldown_s) if regroup else None
@@ -72,9 +74,22 @@ class GSSP:
     def policy(self, server: int) -> SSP:
         return self.policies[server]
 
-    def observe(self, worker: int, iteration_s: float) -> None:
-        """Record one iteration time (compute + communication) of ``worker``."""
+    def observe(self, worker: int, iteration_s: float) -> bool | None:
+        """Record one iteration time (compute + communication) of ``worker``.
+
+        After the split, an iteration over ``transient_factor`` times the
+        worker's profiled speed marks a transient straggler: its group stops
+        waiting for it (``SyncPolicy.excuse``) until an iteration at its usual
+        speed readmits it. Returns True (excused), False (readmitted) or None
+        (no change), so the backend can release waiters or tell the server.
+        """
         self.profiler.observe(worker, iteration_s)
+        if not self.transient_factor or not self.grouped:
+            return None
+        policy = self.policies[self.server_of[worker]]
+        if iteration_s > self.transient_factor * self.profiler.times()[worker]:
+            return True if policy.excuse(worker) else None
+        return False if policy.readmit(worker) else None
 
     def local_update(self, server: int) -> bool:
         """Count one update applied at ``server``; True when it should send its delta to peers."""
@@ -171,4 +186,5 @@ def gssp_from_config(sync: SyncConfig, workers: int) -> GSSP:
         max_groups=sync.max_groups, profile_iterations=sync.profile_iterations, profile_window=sync.profile_window,
         regroup=sync.regroup, regroup_margin=sync.regroup_margin, regroup_patience=sync.regroup_patience,
         split_ratio=sync.split_ratio, regroup_cooldown_s=sync.regroup_cooldown_s,
+        transient_factor=sync.transient_factor,
     )
