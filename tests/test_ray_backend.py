@@ -185,6 +185,8 @@ def test_every_scheme_and_compressor_runs(ray_session, extra):
     assert summary["iterations"] > 8 and summary["final_accuracy"] > 0.2
     if any("compression.method" in e for e in extra):
         assert summary["bytes_up"] < summary["iterations"] * 4 * summary["params"]
+    if summary.get("exchanges"):  # GSSP's deltas go through the compressor too (gdtopk: 8 bytes per kept value)
+        assert summary["bytes_exchange"] <= 0.6 * summary["exchanges"] * 4 * summary["params"]
 
 
 @pytest.mark.parametrize("scheme", ["localsgd", "diloco"])
