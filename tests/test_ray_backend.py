@@ -26,8 +26,10 @@ import torch
 ray = pytest.importorskip("ray")
 
 from shoal.backends import checkpoint  # noqa: E402
-from shoal.backends.ray import ActorPool, RayBackend, start_local_ray  # noqa: E402
-from shoal.backends.ray_actors import GroupServer, Link  # noqa: E402
+from shoal.backends.ray import RayBackend  # noqa: E402
+from shoal.backends.ray_session import ActorPool, start_local_ray  # noqa: E402
+from shoal.backends.ray_server import GroupServer  # noqa: E402
+from shoal.backends.ray_wire import Link  # noqa: E402
 from shoal.backends.ray_switch import SERVER, ServerSide, worker_name  # noqa: E402
 from shoal.config import ConfigError, load_config  # noqa: E402
 from shoal.engine.metrics import RunRecorder  # noqa: E402
@@ -522,7 +524,7 @@ def test_ctrl_c_writes_summary_and_leaves_no_process(tmp_path):
 
 def test_sim_group_server_sends_only_fresh_tensors_and_averages_changes():
     """SIM on a group server (no Ray): the pull after a skipped clock carries nothing, the re-sync averages."""
-    from shoal.backends.ray_actors import pack
+    from shoal.backends.ray_wire import pack
     from shoal.compress.similarity import SimilaritySchedule
 
     async def scenario():

@@ -42,11 +42,11 @@ def _check_inputs(cfg: Config, out: Path, overwrite: bool, resume: Path | None) 
     if not in_place:
         check_out_dir(out, overwrite)
     if cfg.backend.name == "ray":
-        from shoal.backends.ray import validate
+        from shoal.backends.ray_session import validate
 
         validate(cfg)
     if resume is not None:
-        from shoal.backends.ray import check_resume
+        from shoal.backends.ray_session import check_resume
 
         check_resume(cfg, resume)
     return in_place

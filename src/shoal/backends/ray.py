@@ -3,13 +3,11 @@
 The driver (this module, in the `shoal train` process) owns the decisions
 the simulator makes in one process: GSSP membership (profiling, the split,
 regrouping), evaluation, stopping rules, failures and checkpoints. Group
-servers and workers are Ray actors (``ray_actors``): a server gates its
+servers and workers are Ray actors (``ray_server``, ``ray_worker``; what
+travels between them is in ``ray_wire``; the Ray session in ``ray_session``): a server gates its
 workers with its pure policy object and applies their gradients; a worker
 pulls, computes a real gradient, pads to its emulated speed and link, and
 pushes. Time is wall-clock time since the actors were ready.
-
-Local by default: with no ``backend.address`` an embedded Ray instance is
-started on 127.0.0.1 only, without a dashboard, and shut down at the end.
 
 Shared with the sim backend through the pure modules: GSSP built from the
 config, the GDTopK group density, the worker codec, SIM's clock finishing
@@ -20,14 +18,10 @@ and the other summary extras.
 from __future__ import annotations
 
 import math
-import os
-import signal
-import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -37,13 +31,16 @@ import torch
 
 from shoal.backends import checkpoint
 from shoal.backends.local_model import aggregation_schedule, outer_step, uses_local_models
-from shoal.backends.ray_actors import GroupServer, Link, Worker
+from shoal.backends.ray_server import GroupServer
+from shoal.backends.ray_session import ActorPool, plugin_folders, ray_session, sigterm_as_interrupt, validate
+from shoal.backends.ray_wire import Link
+from shoal.backends.ray_worker import Worker
 from shoal.backends.ray_switch import SERVER, SwitchActor, worker_name
 from shoal.cluster.grouping import choose_groups
 from shoal.compress import GDTopKSchedule
 from shoal.compress.codec import exchange_codec, server_optimizer
 from shoal.compress.similarity import similarity_summary
-from shoal.config import BackendConfig, Config, ConfigError
+from shoal.config import ConfigError
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
 from shoal.engine.setup import RunSetup
 from shoal.sync import SyncPolicy, make_policy
@@ -52,176 +49,9 @@ from shoal.sync.policies import SSP
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
-#: keeps an embedded Ray on loopback, without usage reporting or token files
-LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-#: no idle worker processes started ahead (each costs a Python start on a small machine); messages up to
-#: 1 MiB (LeNet-5's parameters) travel inside the actor call instead of through shared memory, which cut
-#: transfer + RPC time per BSP round from ~40 to ~25 ms here (benchmarks/results/runtime_overhead.md)
-LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "enable_worker_prestart": False,
-                       "max_direct_call_object_size": 1 << 20}
 TICK_S = 0.05  # driver loop period: stop checks, failure detection
 DRAIN_S = 0.2  # how often each actor's records are collected
 STARTUP_TIMEOUT_S = 300.0
-
-
-class ActorPool:
-    """Idle actors kept for the next run in the same Ray session (opt-in: tests, benchmarks, sweeps).
-
-    Starting an actor costs a process and a torch import (seconds on a small
-    machine); a kept actor is re-initialised instead. Actors hold their CPU
-    reservation while kept, so this is off unless ``enabled``; ``clear()``
-    kills them. Only used with a Ray session the backend did not start.
-    """
-
-    enabled = False
-    _idle: dict[tuple[Any, ...], list[Any]] = {}
-    _job: str | None = None
-
-    @classmethod
-    def take(cls, key: tuple[Any, ...]) -> Any | None:
-        if not cls.enabled or not cls._same_session():
-            return None
-        idle = cls._idle.get(key, [])
-        return idle.pop() if idle else None
-
-    @classmethod
-    def give(cls, key: tuple[Any, ...], handle: Any) -> None:
-        cls._same_session()
-        cls._idle.setdefault(key, []).append(handle)
-
-    @classmethod
-    def clear(cls) -> None:
-        import ray
-
-        for handles in cls._idle.values():
-            for handle in handles:
-                try:
-                    ray.kill(handle, no_restart=True)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
-        cls._idle.clear()
-
-    @classmethod
-    def _same_session(cls) -> bool:
-        import ray
-
-        job = ray.get_runtime_context().get_job_id()
-        if job != cls._job:
-            cls._idle.clear()
-            cls._job = job
-            return False
-        return True
-
-
-# -- validation and the Ray session ---------------------------------------------------------
-
-
-def validate(cfg: Config) -> None:
-    """Reject what the ray backend does not run, before anything is written."""
-    if cfg.backend.mode != "train":
-        raise ConfigError("backend.mode: cost mode is simulator-only; use backend.name = \"sim\"")
-    if cfg.network.aggregation == "ina" and cfg.backend.max_restarts > 0:
-        raise ConfigError("backend.max_restarts: a restarted worker cannot rejoin an in-network aggregation round; "
-                          "use 0 (a failed worker then ends the run)")
-    address = cfg.backend.address
-    if address and address.startswith("ray://"):
-        try:
-            import grpc  # noqa: F401  (Ray client needs it)
-        except ImportError:
-            raise ConfigError(f"backend.address {address!r}: Ray client needs grpcio; pip install 'ray[client]'") from None
-
-
-def check_resume(cfg: Config, run_dir: Path) -> None:
-    """Fail early (exit 2) if ``run_dir`` holds no usable checkpoint for this config."""
-    if cfg.backend.name != "ray":
-        raise ConfigError("--resume: checkpoints are written by the ray backend only; add --backend ray")
-    _, state = checkpoint.latest(run_dir / "checkpoint")
-    if state.get("scheme") != cfg.sync.scheme or state.get("workers") != cfg.cluster.workers:
-        raise ConfigError(
-            f"--resume {run_dir}: checkpoint is {state.get('scheme')} with {state.get('workers')} workers, "
-            f"config asks {cfg.sync.scheme} with {cfg.cluster.workers}"
-        )
-
-
-def start_local_ray(num_cpus: int) -> None:
-    """An embedded Ray instance bound to 127.0.0.1, without dashboard, usage stats or idle workers."""
-    import ray
-    from ray._private import ray_constants
-
-    os.environ.update(LOCAL_ENV)  # Ray's own processes read these when they start
-    os.environ.pop("RAY_ADDRESS", None)
-    # Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when it is first imported; if that happened
-    # before this call, every Ray server would bind to all interfaces (the loopback test catches it).
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    ray.init(
-        address="local", _node_ip_address="127.0.0.1", include_dashboard=False, dashboard_host="127.0.0.1",
-        num_cpus=num_cpus, log_to_driver=False, configure_logging=False,
-        _system_config=LOCAL_SYSTEM_CONFIG,
-    )
-
-
-def plugin_folders(cfg: Config) -> list[str]:
-    """The folders of the run's python:FILE.py plug-ins (model, data, loss, metric)."""
-    from shoal.plugins import is_plugin, split_spec
-
-    specs = [cfg.model.name, cfg.data.name, cfg.task.loss, cfg.task.metric]
-    files = [split_spec(s)[0] for s in specs if is_plugin(s)]
-    return sorted({str(Path(f).parent) for f in files if f.endswith(".py")})
-
-
-def _join_cluster(address: str, plugin_dirs: list[str]) -> None:
-    """Join a cluster; the folders of the run's plug-in files travel to every node (Ray ``py_modules``)."""
-    import ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    runtime_env = {"py_modules": plugin_dirs} if plugin_dirs else None
-    try:
-        ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"backend.address {address!r}: cannot join the Ray cluster: {first}") from None
-
-
-@contextmanager
-def ray_session(backend: BackendConfig, cpus_needed: float, plugin_dirs: list[str] = ()) -> Iterator[str]:
-    """Use a Ray already initialised in this process, else start (local) or join one; undo at exit.
-
-    Local mode shares this machine's files, so plug-in files load from their absolute paths; on a cluster
-    their folders are shipped with the job.
-    """
-    import ray
-
-    if ray.is_initialized():
-        yield "existing"
-        return
-    if backend.address:
-        _join_cluster(backend.address, list(plugin_dirs))
-        where = backend.address
-    else:
-        cpus = backend.local_cpus or os.cpu_count() or 1
-        start_local_ray(max(cpus, math.ceil(cpus_needed)))
-        where = "local"
-    try:
-        yield where
-    finally:
-        ray.shutdown()
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM ends a run like Ctrl-C (summary written, Ray shut down); main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(_signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 # -- the backend --------------------------------------------------------------------------
@@ -835,7 +665,7 @@ class RayBackend:
         """Train until a stopping rule fires (or Ctrl-C / SIGTERM); return the summary record."""
         wall_start = time.perf_counter()
         with ray_session(self.cfg.backend, self._cpus_needed(), plugin_folders(self.cfg)) as where, \
-                _sigterm_as_interrupt():
+                sigterm_as_interrupt():
             self.where = where
             try:
                 self._start()

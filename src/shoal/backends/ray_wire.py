@@ -1,0 +1,52 @@
+"""What travels between the `ray` backend's actors: packed tensors, emulated links, status words."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+STOP, MOVED, OK = "stop", "moved", "ok"
+
+
+def quiet_readonly_numpy() -> None:
+    # Arrays from the object store are read-only views; they are only ever read here.
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(array))
+
+
+def pack(vector: torch.Tensor, mask: tuple[bool, ...], slices: list[slice]) -> np.ndarray:
+    """SIM: only the tensors marked in ``mask``, concatenated (what travels instead of the full vector)."""
+    parts = [vector[sl] for sl, take in zip(slices, mask) if take]
+    return (torch.cat(parts) if parts else vector[:0]).detach().cpu().numpy()
+
+
+def unpack(values: np.ndarray, mask: tuple[bool, ...], slices: list[slice], size: int) -> torch.Tensor:
+    """The inverse of ``pack``: a full-length vector, zero in the tensors not marked."""
+    flat = as_tensor(values)
+    out = torch.zeros(size, dtype=flat.dtype)
+    at = 0
+    for sl, take in zip(slices, mask):
+        if take:
+            n = sl.stop - sl.start
+            out[sl] = flat[at : at + n]
+            at += n
+    return out
+
+
+@dataclass(frozen=True)
+class Link:
+    """What a transfer should take when emulated: latency + bytes / bandwidth."""
+
+    latency_s: float
+    bps: float
+    emulate: bool
+
+    def seconds(self, nbytes: float) -> float:
+        """Nothing to send (a local step of local SGD) costs nothing, as in the sim's cost model."""
+        return self.latency_s + 8.0 * nbytes / self.bps if self.emulate and nbytes else 0.0

@@ -1,0 +1,309 @@
+"""The `ray` backend's worker actor (a plain class, made a Ray actor by ray.py).
+
+An asyncio actor that runs one loop: pull from its group server (gated),
+compute a real gradient on exactly what it pulled, pad to the emulated
+compute and link times, push. Parameters and gradients travel as numpy
+arrays through Ray's object store. With in-network aggregation the push
+carries no gradient: the worker first sends it as fragments to its
+aggregation node (``ray_switch``) and waits until the server has
+acknowledged every fragment. A worker that a membership change moved gets
+MOVED from its old server and waits for the driver's route of a newer epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from shoal.backends.local_model import LocalModel, uses_local_models
+from shoal.backends.ray_switch import WorkerSide
+from shoal.backends.ray_wire import MOVED, STOP, Link, as_tensor, pack, quiet_readonly_numpy, unpack
+from shoal.cluster import StragglerModel
+from shoal.compress import GradientCodec
+from shoal.compress.codec import DELTA_SALT, worker_codec
+from shoal.config import Config
+from shoal.data import BatchStream, Dataset
+from shoal.engine.setup import build_engine
+
+
+@dataclass
+class Route:
+    """Which server a worker uses, and under which membership epoch."""
+
+    epoch: int
+    server: int
+    handle: Any
+
+
+class Worker:
+    """One data-parallel worker: its shard, model copy, codec and emulated speed."""
+
+    def __init__(self, worker: int, cfg: Config, x: np.ndarray, y: np.ndarray, num_classes: int, speed: float,
+                 compute_s: float, download_bytes: int, density: float) -> None:
+        quiet_readonly_numpy()
+        torch.set_num_threads(cfg.backend.torch_threads)
+        torch.manual_seed(cfg.run.seed)
+        self.w, self.cfg, self.speed, self.compute_s = worker, cfg, speed, compute_s
+        self.download_bytes, self.density = download_bytes, density
+        self.device = self._device(cfg.backend.gpus_per_worker)
+        shard = Dataset("shard", torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y)),
+                        torch.empty(0), torch.empty(0, dtype=torch.long), num_classes)
+        self.engine = build_engine(cfg, shard.input_shape, num_classes)
+        self.engine.model.to(self.device)
+        # positions within the shard permute exactly like the sim backend's shard indices
+        self.stream = BatchStream(shard, np.arange(len(y)), cfg.data.batch_size, cfg.run.seed, worker)
+        self.codec = self._codec()
+        self.slices = [slice(t.offset, t.offset + t.numel) for t in self.engine.layout]
+        self.local: LocalModel | None = None  # SIM: this worker's own model copy and a codec for its changes
+        self.delta_codec: GradientCodec | None = None
+        if uses_local_models(cfg):
+            params, buffers = self.engine.initial_state()
+            self.local = LocalModel(params.cpu(), buffers.cpu(), cfg.optimizer, self.engine.layout)
+            self.delta_codec = self._codec(salt=DELTA_SALT)
+        self.stragglers = StragglerModel(cfg.cluster.stragglers, cfg.cluster.workers, cfg.run.seed)
+        c = cfg.cluster
+        self.link = Link(c.latency_ms / 1e3, c.link_gbps * 1e9, c.emulate)
+        self.route: Route | None = None
+        self._route_changed = asyncio.Event()
+        self._stopping = False
+        self._fail_next = False
+        self._records: list[dict[str, Any]] = []
+        self._push_estimate = 0.0
+        self.push_link = self.link
+        self.ina: WorkerSide | None = None
+        self.t0 = 0.0
+        self._warm_up(shard)
+
+    def _warm_up(self, shard: Dataset) -> None:
+        """One throwaway gradient: the first backward pass costs lazy initialisation, paid before the clock starts."""
+        params, buffers = self.engine.initial_state()
+        batch = min(len(shard.y_train), self.cfg.data.batch_size)
+        self.engine.gradient(params, buffers, shard.x_train[:batch].to(self.device), shard.y_train[:batch].to(self.device))
+
+    @staticmethod
+    def _device(gpus: float) -> torch.device:
+        return torch.device("cuda") if gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
+
+    def _codec(self, salt: int = 0) -> GradientCodec | None:
+        opt = self.cfg.optimizer if salt == 0 else None  # gradients (not SIM's local changes) get DGC's momentum
+        return worker_codec(self.cfg.compression, self.cfg.run.seed, self.w, self.engine.layout, salt, opt)
+
+    # -- control (called by the driver) -------------------------------------------------
+
+    def ping(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "device": str(self.device)}
+
+    def reinit(self, *args: Any) -> None:
+        """Serve a new run from this process (its previous loop has ended)."""
+        self.__init__(*args)  # type: ignore[misc]
+
+    def set_route(self, epoch: int, server: int, handle: Any) -> None:
+        if self.route is None or epoch >= self.route.epoch:
+            self.route = Route(epoch, server, handle)
+            self._route_changed.set()
+
+    def set_speed(self, speed: float) -> None:
+        self.speed = speed
+
+    def set_lr(self, lr: float) -> None:
+        """A learning-rate decay: SIM's local optimizer follows the server's."""
+        if self.local is not None:
+            self.local.set_lr(lr)
+
+    def set_ina(self, name: str, node: str, fan_in: int, fragment_size: int, timeout: float, handle: Any,
+                rate_bps: float, run_id: str) -> None:
+        """In-network aggregation: push gradients as fragments to ``handle`` (a switch or the server), padded
+        to the plan's rate instead of the link's."""
+        self.ina = WorkerSide(name, node, fan_in, fragment_size, timeout, handle, run_id)
+        c = self.cfg.cluster
+        self.push_link = Link(c.latency_ms / 1e3, rate_bps, c.emulate)
+
+    def on_acks(self, acks: list[Any], run_id: str) -> None:
+        if self.ina is not None:
+            self.ina.on_acks(acks, run_id)
+
+    def ina_counters(self) -> dict[str, int] | None:
+        return None if self.ina is None else self.ina.counters()
+
+    def drain(self, density: float) -> list[dict[str, Any]]:
+        """Iteration records since the last call; takes the upload density to use from now on."""
+        self.density = density
+        records, self._records = self._records, []
+        return records
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._route_changed.set()
+        if self.ina is not None:
+            self.ina.wake()
+
+    def fail_next(self) -> None:
+        """Fault injection: the next iteration raises (tests and chaos drills)."""
+        self._fail_next = True
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self, t0: float, epoch: int, server: int, handle: Any) -> str:
+        """Iterate until stopped; an exception here is the worker failing.
+
+        The first route comes with the call: an async actor does not run calls in the order they were sent.
+        """
+        self.t0 = t0
+        self.set_route(epoch, server, handle)
+        while not self._stopping:
+            if not await self._iteration():
+                break
+        return STOP
+
+    async def _await_route(self, epoch: int) -> None:
+        """Wait for a route newer than ``epoch`` (the driver sends it after updating the servers)."""
+        while not self._stopping and self.route is not None and self.route.epoch <= epoch:
+            self._route_changed.clear()
+            try:
+                await asyncio.wait_for(self._route_changed.wait(), timeout=5.0)
+            except asyncio.TimeoutError:
+                return  # retry on the current route; a server answers MOVED again if still moved
+
+    async def _pull(self) -> tuple[Route, dict[str, Any], float, float] | None:
+        """Gate + pull on the current route; (route, reply, wait_s, comm_s), None when stopping."""
+        answered = await self._routed(lambda route: route.handle.pull.remote(self.w))
+        if answered is None:
+            return None
+        route, reply, moved_s, elapsed = answered
+        real = elapsed - reply["wait_s"]
+        pad = self.link.seconds(reply.get("nbytes", self.download_bytes)) - real
+        if pad > 0:
+            await asyncio.sleep(pad)
+        return route, reply, moved_s + reply["wait_s"], max(real, 0.0) + max(pad, 0.0)
+
+    async def _routed(self, call: Callable[[Route], Any]) -> tuple[Route, dict[str, Any], float, float] | None:
+        """``call`` the current route's server, following MOVED answers (wait for the new route, retry).
+
+        Returns (route, reply, seconds lost on moved attempts, seconds of the answered call); None on
+        STOP or when stopping.
+        """
+        moved_s = 0.0
+        while not self._stopping:
+            assert self.route is not None
+            route = self.route
+            start = time.perf_counter()
+            reply = await call(route)
+            elapsed = time.perf_counter() - start
+            if reply["status"] == STOP:
+                return None
+            if reply["status"] == MOVED:
+                await self._await_route(route.epoch)
+                moved_s += time.perf_counter() - start
+                continue
+            return route, reply, moved_s, elapsed
+        return None
+
+    def _compute(self, reply: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, int, float, dict[str, Any] | None]:
+        """The real gradient on the pulled parameters, compressed: (grad, buffer delta, bytes, loss, SIM part)."""
+        if self._fail_next:
+            raise RuntimeError(f"worker {self.w}: injected failure")
+        if "plan" in reply:
+            return self._sim_compute(reply)
+        params = as_tensor(reply["params"]).to(self.device)
+        buffers = as_tensor(reply["buffers"]).to(self.device)
+        x, y = self.stream.next()
+        grad, buffer_delta, loss = self.engine.gradient(params, buffers, x.to(self.device), y.to(self.device))
+        grad, buffer_delta = grad.cpu(), buffer_delta.cpu()
+        nbytes = 4 * grad.numel()
+        if self.codec is not None:
+            grad, nbytes = self.codec.encode(grad, self.density)
+        nbytes += 4 * buffer_delta.numel()
+        return grad.numpy(), buffer_delta.numpy(), nbytes, loss, None
+
+    def _sim_compute(self, reply: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, int, float, dict[str, Any]]:
+        """SIM (as the sim backend's _pull + _sim_push): take the fresh tensors, compute on the local model, step
+        it; send gradients of tensors pulled fresh, local changes of tensors re-synchronised now (packed)."""
+        local = self.local
+        assert local is not None
+        fresh, plan = tuple(reply["fresh"]), tuple(reply["plan"])
+        local.pull(unpack(reply["params"], fresh, self.slices, local.params.numel()), fresh)
+        buffers = as_tensor(reply["buffers"]).to(self.device)
+        x, y = self.stream.next()
+        grad, buffer_delta, loss = self.engine.gradient(local.params.to(self.device), buffers, x.to(self.device),
+                                                        y.to(self.device))
+        grad, buffer_delta = grad.cpu(), buffer_delta.cpu()
+        local.step(grad)
+        grad_mask = tuple(p and f for p, f in zip(plan, fresh))
+        delta_mask = tuple(p and not f for p, f in zip(plan, fresh))
+        sent_grad, grad_bytes = self._encode(self.codec, grad, grad_mask)
+        sent_delta, delta_bytes = (torch.zeros_like(grad), 0)
+        if any(delta_mask):
+            sent_delta, delta_bytes = self._encode(self.delta_codec, local.change(), delta_mask)
+        sim = {"delta": pack(sent_delta, delta_mask, self.slices), "grad_mask": grad_mask, "delta_mask": delta_mask,
+               "clock": reply["clock"]}
+        buffer_bytes = 0 if reply.get("periodic") and not any(plan) else 4 * buffer_delta.numel()
+        nbytes = grad_bytes + delta_bytes + buffer_bytes
+        return pack(sent_grad, grad_mask, self.slices), buffer_delta.numpy(), nbytes, loss, sim
+
+    def _encode(self, codec: GradientCodec | None, vector: torch.Tensor,
+                send: tuple[bool, ...]) -> tuple[torch.Tensor, int]:
+        """The tensors marked in ``send``, compressed if a compressor is configured, and their bytes."""
+        if codec is not None:
+            return codec.encode(vector, self.density, send)
+        return vector, 4 * sum(sl.stop - sl.start for sl, take in zip(self.slices, send) if take)
+
+    async def _push(self, route: Route, version: int, grad: np.ndarray | None, delta: np.ndarray,
+                    nbytes: int, sim: dict[str, Any] | None = None) -> tuple[dict[str, Any], float, float] | None:
+        """Upload (link-padded), re-sending to the new server if this worker moved; (reply, wait_s, comm_s)."""
+        pad = self.push_link.seconds(nbytes) - self._push_estimate
+        comm = max(pad, 0.0)
+        if pad > 0:
+            await asyncio.sleep(pad)
+        if self.ina is not None:  # the gradient goes through the data plane; the push below only counts it
+            start = time.perf_counter()
+            if not await self.ina.push(version, grad, lambda: self._stopping):
+                return None
+            comm += time.perf_counter() - start
+            grad = None
+        moved_away = False  # staleness is only defined on the server it pulled from
+
+        def push(target: Route) -> Any:
+            nonlocal moved_away
+            moved_away = moved_away or target.server != route.server
+            return target.handle.push.remote(self.w, None if moved_away else version, grad, delta, sim)
+
+        answered = await self._routed(push)
+        if answered is None:
+            return None
+        _, reply, moved_s, elapsed = answered
+        self._push_estimate = 0.8 * self._push_estimate + 0.2 * elapsed
+        return reply, moved_s, comm + elapsed
+
+    async def _iteration(self) -> bool:
+        pulled = await self._pull()
+        if pulled is None:
+            return False
+        route, reply, waited, pull_s = pulled
+        start = time.perf_counter()
+        grad, delta, nbytes, loss, sim = self._compute(reply)
+        real = time.perf_counter() - start
+        compute = real
+        if self.cfg.cluster.emulate:
+            target = self.compute_s * self.speed * self.stragglers.factor(self.w)
+            if target > real:
+                await asyncio.sleep(target - real)
+            compute = max(target, real)
+        pushed = await self._push(route, reply["version"], grad, delta, nbytes, sim)
+        if pushed is None:
+            return False
+        answer, push_wait, push_s = pushed
+        self._records.append({
+            "t": round(time.time() - self.t0, 6), "worker": self.w, "server": self.route.server if self.route else 0,
+            "clock": answer["clock"], "staleness": answer["staleness"], "compute_s": round(compute, 6),
+            "compute_real_s": round(real, 6), "wait_s": round(waited + push_wait, 6),
+            "comm_s": round(pull_s + push_s, 6), "loss": round(loss, 6), "bytes_up": nbytes,
+            "bytes_down": reply.get("nbytes", self.download_bytes),
+        })
+        return True
