@@ -54,6 +54,20 @@ def test_resolved_config_reproduces_the_run(tmp_path):
         (["--set", "cluster.workers"], "expected section.key=value"),
         (["--backend", "ray", "--set", "backend.mode=cost"], "cost mode is simulator-only"),
         (["--resume", "/no/such/run"], "config file not found"),
+        (["--set", "optimizer.lr=inf"], "optimizer.lr: must be a finite number, got inf"),
+        (["--set", "optimizer.weight_decay=inf"], "optimizer.weight_decay: must be a finite number"),
+        (["--set", "cluster.compute_s=inf"], "cluster.compute_s: must be a finite number"),
+        (["--set", "cluster.latency_ms=inf"], "cluster.latency_ms: must be a finite number"),
+        (["--set", "run.max_time_s=inf"], "run.max_time_s: must be a finite number"),
+        (["--set", "cluster.lognormal_sigma=1000"], "cluster.lognormal_sigma"),
+        (["--set", "data.batch_size=100000"], "data.batch_size: 100000 is larger than the smallest worker's shard"),
+        (["--set", "optimizer.lr_decay_epochs=[-1]"], "optimizer.lr_decay_epochs.0"),
+        (["--set", "compression.gdtopk.final_density_fast=0.5"], "must not exceed final_density_slow"),
+        (["--set", "sync.groups=\"auto2\""], "sync.groups: 'auto2' is not valid: expected a valid integer or 'auto'"),
+        (["--set", "cluster=3"], "cluster: expected a [cluster] table, got 3"),
+        (["--set", "run.seed.x=1"], "run.seed is a value, not a section"),
+        (["--set", "clustr.workers=2"], "clustr: unknown key (did you mean 'cluster'?)"),
+        (["--set", "sync.stalenes=2"], "sync.stalenes: unknown key (did you mean 'staleness'?)"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, fragment):
@@ -96,3 +110,16 @@ def test_mnist_bsp_example_reaches_95_percent(tmp_path):
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["best_accuracy"] >= 0.95 and summary["time_to_target_s"] is not None
     assert summary["wall_s"] < 180
+
+
+def test_a_diverging_run_stops_with_valid_json(tmp_path):
+    out = tmp_path / "run"
+    result = shoal("train", *_sets("optimizer.lr=1e12", "run.max_time_s=5"), "--out", str(out))
+    assert result.returncode == 0
+    def strict(text: str):  # json.loads accepts a bare NaN unless told otherwise
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+
+    events = [strict(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = strict((out / "summary.json").read_text())
+    assert summary["stop_reason"] == "diverged" and events[-1]["event"] == "end"
+    assert summary["elapsed_s"] < 1.0

@@ -7,6 +7,7 @@ problem; the CLI prints that line and exits with code 2.
 
 from __future__ import annotations
 
+import difflib
 import json
 import tomllib
 from pathlib import Path
@@ -32,7 +33,7 @@ PositiveFloats = Annotated[list[float], AfterValidator(_positive_list)]
 class Section(BaseModel):
     """Base for every section: unknown keys are errors, assignments are validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunConfig(Section):
@@ -136,7 +137,7 @@ class OptimizerConfig(Section):
     lr: float = Field(0.05, gt=0, description="Learning rate.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty, applied with the same 1/N weight as gradients.")
-    lr_decay_epochs: list[float] = Field([], description="Global epochs at which the learning rate is multiplied by lr_decay_factor (a step schedule).")
+    lr_decay_epochs: list[Annotated[float, Field(gt=0)]] = Field([], description="Global epochs (> 0) at which the learning rate is multiplied by lr_decay_factor (a step schedule).")
     lr_decay_factor: float = Field(0.1, gt=0, le=1, description="Factor applied to the learning rate at each of lr_decay_epochs.")
 
     def lr_at(self, epoch: float) -> float:
@@ -161,7 +162,7 @@ class ClusterConfig(Section):
     speeds: PositiveFloats | None = Field(None, description="Slowdown factor per worker (1.0 = fastest); overrides profile.")
     profile: Literal["uniform", "tiers", "lognormal"] = Field("uniform", description="How speeds are drawn when `speeds` is not given.")
     tiers: PositiveFloats = Field([1.0, 2.0, 4.0, 8.0], description="Slowdown of each tier for profile = tiers (workers split evenly).")
-    lognormal_sigma: float = Field(0.5, gt=0, description="Spread of profile = lognormal.")
+    lognormal_sigma: float = Field(0.5, gt=0, le=3, description="Spread of profile = lognormal (at most 3: one sigma is then a 20x speed ratio).")
     compute_s: float = Field(0.05, ge=0, description="Seconds per batch on the fastest worker; 0 = measure once on this machine.")
     link_gbps: float = Field(10.0, gt=0, description="Each worker's link bandwidth (Gbit/s), both directions.")
     latency_ms: float = Field(0.05, ge=0, description="One-way latency of every transfer (ms).")
@@ -216,6 +217,13 @@ class GDTopKConfig(Section):
     warmup_epochs: float = Field(1.0, ge=0, description="Global epochs over which density shrinks to the final density.")
     final_density_fast: float = Field(0.004, gt=0, le=1, description="Final density of the fastest group.")
     final_density_slow: float = Field(0.015, gt=0, le=1, description="Final density of the slowest group (groups between are interpolated).")
+
+    @model_validator(mode="after")
+    def _slow_keeps_more(self) -> "GDTopKConfig":
+        if self.final_density_fast > self.final_density_slow:
+            raise ValueError(f"final_density_fast ({self.final_density_fast}) must not exceed final_density_slow "
+                             f"({self.final_density_slow}): slower groups push less often and keep the higher density")
+        return self
 
 
 class SimilarityConfig(Section):
@@ -316,15 +324,64 @@ class Config(Section):
 
 
 def _format_error(err: ValidationError, source: str) -> str:
-    """One line: the first problem, with its dotted key."""
-    first = err.errors()[0]
-    key = ".".join(str(p) for p in first["loc"])
-    msg = first["msg"]
+    """One line: the first problem, with its dotted key (union members merged, a "did you mean" for typos)."""
+    errors = err.errors()
+    first = errors[0]
+    loc = [str(p) for p in first["loc"]]
+    field_loc, tags = _split_union_tags(loc)
+    same_field = [e for e in errors if _split_union_tags([str(p) for p in e["loc"]])[0] == field_loc]
+    key = ".".join(field_loc)
+    if tags:  # a value that fits none of a union's members: say what each expects, once
+        accepted = " or ".join(dict.fromkeys(
+            _plain(e["msg"]).removeprefix("Input should be ").split(",")[0] for e in same_field))
+        msg = f"{first['input']!r} is not valid: expected {accepted}"
+        rest = len(errors) - len(same_field)
+    else:
+        msg, rest = _plain(first["msg"]), len(errors) - 1
     if first["type"] == "extra_forbidden":
-        msg = "unknown key"
-    msg = msg.removeprefix("Value error, ")
-    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+        msg = "unknown key" + _did_you_mean(field_loc)
+    elif first["type"] == "model_type":
+        msg = f"expected a [{key}] table, got {first['input']!r}"
+    elif first["type"] == "finite_number":
+        msg = f"must be a finite number, got {first['input']!r}"
+    more = f" (and {rest} more)" if rest > 0 else ""
     return f"{source}: {key}: {msg}{more}" if key else f"{source}: {msg}{more}"
+
+
+def _plain(msg: str) -> str:
+    return msg.removeprefix("Value error, ")
+
+
+def _split_union_tags(loc: list[str]) -> tuple[list[str], list[str]]:
+    """pydantic appends the union member it tried (``int``, ``literal['auto']``) to an error's location."""
+    for i in range(1, len(loc)):
+        if _is_tag(loc[i]):
+            return loc[:i], loc[i:]
+    return loc, []
+
+
+def _section_model(path: list[str]) -> Any:
+    """The pydantic model of the section at ``path`` (None: a value, or a free table such as model.options)."""
+    model: Any = Config
+    for part in path:
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return None
+        annotation = fields[part].annotation
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return model
+
+
+def _is_tag(part: str) -> bool:
+    return part in {"int", "float", "str", "bool"} or part.startswith(("literal[", "list[", "function-"))
+
+
+def _did_you_mean(loc: list[str]) -> str:
+    """`` (did you mean 'workers'?)`` for a key one typo away from a known one, else nothing."""
+    model = _section_model(loc[:-1])
+    known = list(getattr(model, "model_fields", {})) if model is not None else []
+    close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.7) if loc else []
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -345,13 +402,24 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     for text in overrides:
         path, value = parse_override(text)
         node = data
-        for part in path[:-1]:
+        for depth, part in enumerate(path[:-1]):
+            prefix = path[: depth + 1]
             child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"--set {text!r}: {part} is not a section")
+            if not isinstance(child, dict) or (_is_value(prefix) and depth + 1 < len(path)):
+                raise ConfigError(f"--set {text!r}: {'.'.join(prefix)} is a value, not a section")
             node = child
         node[path[-1]] = value
     return data
+
+
+def _is_value(path: list[str]) -> bool:
+    """Whether ``path`` names a typed field that is not a section (``run.seed``; not ``model.options``)."""
+    parent = _section_model(path[:-1])
+    if parent is None or path[-1] not in parent.model_fields:
+        return False
+    annotation = parent.model_fields[path[-1]].annotation
+    is_section = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    return not is_section and getattr(annotation, "__origin__", None) is not dict
 
 
 def build_config(data: dict[str, Any], source: str = "config") -> Config:

@@ -41,7 +41,7 @@ from shoal.compress import GDTopKSchedule
 from shoal.compress.codec import exchange_codec, server_optimizer
 from shoal.compress.similarity import similarity_summary
 from shoal.config import ConfigError
-from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
+from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary, diverged
 from shoal.engine.setup import RunSetup
 from shoal.sync import SyncPolicy, make_policy
 from shoal.sync.gssp import Move, gssp_from_config
@@ -408,6 +408,8 @@ class RayBackend:
             compute_real_s=r["compute_real_s"],
         )
         self._recent.append((r["t"], stats.group))
+        if diverged(r["loss"]) and self.stop_reason is None:
+            self.stop_reason = "diverged"
         if self.gssp is not None and (transient := self.gssp.observe(w, r["compute_s"] + r["comm_s"])) is not None:
             self.servers[self.gssp.server_of[w]].set_transient.remote(w, transient)
 
@@ -578,6 +580,8 @@ class RayBackend:
                                  accuracy=ev.accuracy)
         if self.recorder.time_to_target_s is not None and self.cfg.run.stop_at_target:  # also: reached before a resume
             self.stop_reason = "target_reached"
+        if diverged(ev.loss, ev.value) and self.stop_reason is None:
+            self.stop_reason = "diverged"
         if self.cfg.compression.method != "none" and self.gssp is not None:
             densities = [self._density(members[0]) if members else None for members in self._groups()]
             self.recorder.event("densities", t=round(t, 6), densities=densities)

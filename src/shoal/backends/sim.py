@@ -31,7 +31,7 @@ from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule, simil
 from shoal.sync.localsgd import PeriodicSchedule
 from shoal.config import Config
 from shoal.engine.cost import SharedLink
-from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary
+from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary, diverged
 from shoal.engine.replica import Replica
 from shoal.engine.setup import RunSetup
 from shoal.sync import SyncPolicy, make_policy
@@ -319,6 +319,8 @@ class SimBackend:
         for clock in server.finish_measurements():
             self.recorder.event("sim", t=self.env.now, group=self.servers.index(server), clock=clock,
                                 **server.schedule.state())
+        if diverged(loss):
+            self._finish("diverged")
         if self.gssp is not None:
             self._gssp_step(w, server, applied, compute + comm)
         if self.cfg.optimizer.lr_decay_epochs:
@@ -576,6 +578,8 @@ class SimBackend:
             accuracy = ev.accuracy
             reached = self.recorder.evaluation(self.env.now, ev.value, ev.loss, self.cfg.target(),
                                                self.cfg.run.target_patience, accuracy=ev.accuracy)
+            if diverged(ev.loss, ev.value):
+                self._finish("diverged")
             if reached and self.cfg.run.stop_at_target:
                 self._finish("target_reached")
         if self.codecs and self.gssp is not None:

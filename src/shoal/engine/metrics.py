@@ -46,8 +46,10 @@ class RunRecorder:
     _streak: list[float] = field(default_factory=list)  # times of the evaluations in a row at or above the target
 
     def event(self, kind: str, **fields: Any) -> None:
+        """One line of metrics.jsonl, flushed at once (a reader or a crash sees every event so far)."""
         if self.stream is not None:
-            self.stream.write(json.dumps({"event": kind, **fields}, default=_jsonable) + "\n")
+            self.stream.write(dumps({"event": kind, **fields}) + "\n")
+            self.stream.flush()
 
     def iteration(self, **fields: Any) -> None:
         self.iterations += 1
@@ -93,11 +95,32 @@ class RunRecorder:
                 "final_metric": self.last_metric, "best_metric": self.best_metric}
 
 
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity replaced by None (null), so the output stays valid JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps(data: Any, indent: int | None = None) -> str:
+    """Strict JSON (no bare NaN): non-finite numbers become null."""
+    return json.dumps(finite(data), indent=indent, default=_jsonable, allow_nan=False)
+
+
+def diverged(*values: float | None) -> bool:
+    """A loss that is NaN or infinite: the run cannot recover, so it stops with ``stop_reason = "diverged"``."""
+    return any(v is not None and not math.isfinite(v) for v in values)
+
+
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, (set, tuple)):
-        return list(value)
+        return finite(value.item())
+    if isinstance(value, set):
+        return finite(sorted(value))
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
@@ -146,5 +169,5 @@ WALL_CLOCK_FIELDS = ("wall_s", "compute_s_measured")
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON through a temporary file so a crash never leaves half a file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
+    tmp.write_text(dumps(data, indent=2) + "\n")
     os.replace(tmp, path)

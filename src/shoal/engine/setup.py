@@ -119,5 +119,9 @@ def _streams(cfg: Config, dataset: Dataset) -> list[BatchStream]:
         shards = partition_indices(labels, cfg.cluster.workers, cfg.run.seed, cfg.data.partition)
     except ValueError as err:
         raise ConfigError(f"data.partition: {err}") from None
+    smallest = min(len(shard) for shard in shards)
+    if cfg.data.batch_size > smallest:
+        raise ConfigError(f"data.batch_size: {cfg.data.batch_size} is larger than the smallest worker's shard "
+                          f"({smallest} samples of {n_train} over {cfg.cluster.workers} workers)")
     return [BatchStream(dataset, shard, cfg.data.batch_size, cfg.run.seed, w) for w, shard in enumerate(shards)]
 
