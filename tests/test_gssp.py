@@ -71,11 +71,13 @@ def test_converged_speeds_merge_into_one_server_and_leave_the_other_idle():
     _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=1)
     p.initial_split(now=1.0)
     _profile(p, [0.1, 0.1, 0.1, 0.1], rounds=4)  # the slow pair caught up
-    assert p.check_regroup(now=5.9) == []  # cooldown: 5 s after the split
-    moves = p.check_regroup(now=6.0)
+    moves = p.check_regroup(now=1.5)  # no cooldown after the split itself
     assert sorted((m.worker, m.old, m.new) for m in moves) == [(2, 1, 0), (3, 1, 0)]  # the majority server stays
     assert p.groups == [[0, 1, 2, 3], []] and p.idle_servers == [1]
     assert p.update_shares() == [1.0, 0.0]
+    _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=4)  # they slow down again: a split, but only 5 s after the merge
+    assert p.check_regroup(now=6.4) == []
+    assert sorted((m.worker, m.old, m.new) for m in p.check_regroup(now=6.5)) == [(2, 0, 1), (3, 0, 1)]
 
 
 def test_update_shares_follow_group_size_and_slowest_member():

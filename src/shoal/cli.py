@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 import typer
+from typer.exceptions import TyperException  # what typer's own click raises for usage errors
 
 from shoal.commands.compare import compare
 from shoal.commands.report import report
@@ -16,9 +17,10 @@ from shoal.commands.route import route
 from shoal.commands.train import train
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: flags without metavars, no boxes
     help="Data-parallel training on heterogeneous clusters (GSSP, SIM, GDTopK, GRID).",
 )
 app.command("train")(train)
@@ -42,9 +44,21 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def main() -> None:
-    """Entry point of the `shoal` script."""
+    """Entry point of the `shoal` script: usage errors are one line and exit 2; no arguments print the help."""
     try:
-        app()
-    except KeyboardInterrupt:
+        code = app(standalone_mode=False)
+    except TyperException as err:
+        ctx = getattr(err, "ctx", None)
+        if type(err).__name__ == "NoArgsIsHelpError":
+            typer.echo(ctx.get_help() if ctx else "")
+            code = 0
+        elif hasattr(err, "format_message"):
+            where = f"; see '{ctx.command_path} --help'" if ctx else ""
+            typer.echo(f"error: {err.format_message().rstrip('.')}{where}", err=True)
+            code = getattr(err, "exit_code", 2)
+        else:
+            raise
+    except (KeyboardInterrupt, typer.Abort):
         typer.echo("interrupted", err=True)
-        sys.exit(130)
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)

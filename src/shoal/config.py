@@ -200,7 +200,7 @@ class SyncConfig(Section):
     regroup: bool = Field(True, description="GSSP: move workers when their observed speed drifts.")
     regroup_margin: float = Field(0.05, ge=0, le=1, description="GSSP: how much better (in fit) a new grouping must be to move workers.")
     regroup_patience: int = Field(3, ge=1, description="GSSP: consecutive checks a better grouping must persist (absorbs transient stragglers).")
-    regroup_cooldown_s: float = Field(5.0, ge=0, description="GSSP: seconds (virtual on sim) after a grouping before the next regroup may happen.")
+    regroup_cooldown_s: float = Field(5.0, ge=0, description="GSSP: seconds (virtual on sim) after a regroup before the next one may happen.")
     transient_factor: float = Field(2.0, ge=0, description="GSSP: an iteration over this many times a worker's profiled speed makes it a transient straggler that its group does not wait for until it runs at its usual speed again (0 = off, as the paper).")
     split_ratio: float = Field(1.5, ge=1, description="GSSP auto grouping: neighbouring groups' median iteration times must differ by at least this factor, else they merge (1 = no floor).")
 

@@ -158,7 +158,9 @@ class Regrouper:
     GVF) or the current grouping has neighbours closer than ``split_ratio``
     (speeds converged: they merge). It happens only if that holds at
     ``patience`` consecutive checks and ``cooldown_s`` after the previous
-    grouping (hysteresis in time). Profiles are running low quantiles, so a
+    regroup (hysteresis in time; the first regroup after the profiled split
+    may come at once, since a split on a few profiled iterations is the one
+    most likely to need a correction). Profiles are running low quantiles, so a
     transient straggler hardly moves them; patience and cooldown absorb the
     rest.
     """
@@ -170,7 +172,7 @@ class Regrouper:
     patience: int = 3
     split_ratio: float = 1.0
     cooldown_s: float = 0.0
-    last_change_s: float = 0.0
+    last_change_s: float = float("-inf")
     _streak: int = field(default=0, init=False)
 
     def propose(self, times: Sequence[float], current: Groups, now: float = float("inf")) -> Groups | None:

@@ -22,7 +22,8 @@ console = Console(stderr=True)
 def train(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (defaults apply when omitted)."),
     set_: list[str] = typer.Option([], "--set", "-s", help="Override a key: section.key=value (repeatable)."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="sim or ray (overrides backend.name)."),
+    backend: Optional[str] = typer.Option(None, "--backend", metavar="sim|ray",
+                                          help="sim or ray (overrides backend.name)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default runs/train-<time>)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Write over an earlier run in --out."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),

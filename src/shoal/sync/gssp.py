@@ -108,9 +108,7 @@ class GSSP:
         self.grouped = True
         groups = choose_groups(self.profiler.times(), self.groups_setting, self.threshold, self.max_groups,
                                self.split_ratio)
-        self._install(groups)
-        if self.regrouper is not None:
-            self.regrouper.last_change_s = now
+        self._install(groups)  # a first correction may follow at once: the cooldown runs between regroups
         return groups
 
     def check_regroup(self, now: float = float("inf")) -> list[Move]:
