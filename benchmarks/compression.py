@@ -53,8 +53,6 @@ METHODS: dict[str, list[str]] = {
     "dense": ["sync.scheme=bsp"],
     "fp16": ["sync.scheme=bsp", "compression.method=fp16"],
     "topk": ["sync.scheme=bsp", "compression.method=topk", "compression.density=0.01"],
-    "dgc": ["sync.scheme=bsp", "compression.method=dgc", "compression.density=0.01",
-            "compression.momentum_correction=true"],
     "qsgd": ["sync.scheme=bsp", "compression.method=qsgd"],
     "powersgd": ["sync.scheme=bsp", "compression.method=powersgd", "compression.rank=4"],
     "sim": SIM,
@@ -70,7 +68,7 @@ LENET = [
     "run.target_patience=3", "run.stop_at_target=false", "run.max_iterations=2400", "run.max_time_s=400",
     "run.eval_every_s=1", "backend.log_iterations=false",
 ]
-LENET_METHODS = ["dense", "sim", "sim-h2", "localsgd-h2", "localsgd-h8"]
+LENET_METHODS = ["dense", "sim-h2", "localsgd-h2"]
 
 
 def with_ratios(rows: list[dict[str, Any]], runs: list[dict[str, Any]], chosen: dict[str, Any]) -> None:
