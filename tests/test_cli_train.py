@@ -123,3 +123,29 @@ def test_a_diverging_run_stops_with_valid_json(tmp_path):
     summary = strict((out / "summary.json").read_text())
     assert summary["stop_reason"] == "diverged" and events[-1]["event"] == "end"
     assert summary["elapsed_s"] < 1.0
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_an_unwritable_out_folder_is_one_line_exit_2(tmp_path, command):
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder")
+    extra = ["--schemes", "bsp"] if command == "compare" else []
+    for out in (blocker / "sub", Path("/proc/1/shoal-cannot-write-here")):
+        result = shoal(command, *extra, *_sets("run.max_time_s=1"), "--out", str(out))
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and "cannot write there" in lines[0]
+        assert "Traceback" not in result.stderr and not out.exists()
+
+
+def test_a_rejected_run_leaves_no_folder_behind(tmp_path):
+    out = tmp_path / "new" / "run"
+    result = shoal("train", *_sets("data.batch_size=100000"), "--out", str(out))
+    assert result.returncode == 2 and not (tmp_path / "new").exists()
+
+
+def test_usage_errors_are_one_line_and_no_arguments_print_the_help():
+    bad = shoal("train", "--no-such-flag")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: No such option: --no-such-flag; see 'shoal train --help'"]
+    bare = shoal()
+    assert bare.returncode == 0 and "Commands:" in bare.stdout and "train" in bare.stdout

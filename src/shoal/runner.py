@@ -24,6 +24,36 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
         raise ConfigError(f"--out {out}: already holds a run; choose another folder or pass --overwrite")
 
 
+def make_out_dir(out: Path) -> list[Path]:
+    """Create ``out`` and its missing parents; return the folders created, deepest first.
+
+    A path that cannot be written (``/proc/...``, below a file, no
+    permission) is bad input: one line, and nothing is left behind.
+    """
+    missing, node = [], out
+    while not node.exists() and node != node.parent:
+        missing.append(node)
+        node = node.parent
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".shoal-write-check"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        remove_dirs(missing)
+        raise ConfigError(f"--out {out}: cannot write there ({err.strerror or err})") from None
+    return missing
+
+
+def remove_dirs(folders: list[Path]) -> None:
+    """Remove folders this run created (deepest first), if they are still empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+
+
 def run_backend(setup: RunSetup, recorder: RunRecorder, progress: Any = None, *, out: Path | None = None,
                 resume: Path | None = None) -> dict[str, Any]:
     """Drive the configured backend to the end of the run (``out``: where the ray backend checkpoints)."""
@@ -60,8 +90,12 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
     checkpoint; resuming into the same folder appends to its metrics.jsonl.
     """
     in_place = _check_inputs(cfg, out, overwrite, resume)
-    setup = build_setup(cfg)
-    out.mkdir(parents=True, exist_ok=True)
+    created = make_out_dir(out)
+    try:
+        setup = build_setup(cfg)
+    except ConfigError:
+        remove_dirs(created)  # a run rejected before it starts writes nothing
+        raise
     (out / "config.toml").write_text(to_toml(cfg))
     with open(out / "metrics.jsonl", "a" if in_place else "w") as stream:
         recorder = RunRecorder(stream=stream, log_iterations=cfg.backend.log_iterations, metric=cfg.task.metric,

@@ -80,6 +80,9 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
     plan = plan_runs(config, parse_schemes(schemes), seeds, overrides, grid)
     check_compare_dir(out, plan, overwrite)
     check_backends(plan)
+    from shoal.runner import make_out_dir
+
+    make_out_dir(out)
     command = command or _command(config, schemes, seeds, overrides, None, out, tune)
     summaries = execute(plan, out, quiet)
     result = build_compare(plan, summaries, seeds, command, grid)
