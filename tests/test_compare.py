@@ -228,14 +228,25 @@ def test_report_rebuilds_the_page_from_the_folder_alone(compared, tmp_path):
     assert (out / "report.html").read_text().count("<img") >= 2
 
 
-@pytest.mark.parametrize("damage, message", [("nothing", "no compare.json"), ("json", "not a shoal compare result"),
-                                             ("run", "is missing")])
+@pytest.mark.parametrize("damage, message", [
+    ("nothing", "no compare.json"), ("json", "not a shoal compare result (JSONDecodeError"),
+    ("run", "is missing"), ("no rows", "\"rows\" must be a non-empty list"), ("non-dict rows", "list of objects"),
+    ("no schemes", "\"schemes\" must be a list"), ("truncated summary", "not a run summary (JSONDecodeError"),
+])
 def test_report_on_a_bad_folder_is_one_line_and_exit_2(tmp_path, damage, message):
     folder = tmp_path / "c"
     folder.mkdir()
+    good = {"schemes": ["bsp"], "rows": [{"scheme": "bsp", "run_dir": "bsp"}]}
+    index = {"json": None, "run": good, "no rows": {**good, "rows": []}, "non-dict rows": {**good, "rows": [1, 2]},
+             "no schemes": {"rows": good["rows"]}, "truncated summary": good}.get(damage)
     if damage == "json":
         (folder / "compare.json").write_text("{not json")
-    if damage == "run":
-        (folder / "compare.json").write_text(json.dumps({"rows": [{"scheme": "bsp", "run_dir": "bsp"}]}))
+    elif index is not None:
+        (folder / "compare.json").write_text(json.dumps(index))
+    if damage == "truncated summary":
+        (folder / "bsp").mkdir()
+        (folder / "bsp" / "summary.json").write_text('{"scheme": "bs')
     result = shoal("report", str(folder))
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not list(folder.glob("*.png")) and not (folder / "report.html").exists()  # nothing drawn
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

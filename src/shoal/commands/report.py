@@ -23,15 +23,30 @@ def report(
 
 
 def check_compare_folder(folder: Path) -> None:
-    """One clear line for a folder that is not a complete comparison."""
+    """One clear line for a folder that is not a complete comparison (checked before anything is drawn)."""
     index = folder / "compare.json"
     if not index.is_file():
         raise ConfigError(f"{folder}: no compare.json here; run `shoal compare ... --out {folder}` first")
-    try:
-        rows = json.loads(index.read_text())["rows"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ConfigError(f"{index}: not a shoal compare result ({type(err).__name__})") from None
-    for row in rows:
-        run = folder / str(row.get("run_dir", row.get("scheme", "?")))
+    compare = _read_json(index, "a shoal compare result")
+    rows, schemes = compare.get("rows"), compare.get("schemes")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise ConfigError(f"{index}: not a shoal compare result (\"rows\" must be a non-empty list of objects)")
+    if not isinstance(schemes, list) or not all(isinstance(s, str) for s in schemes):
+        raise ConfigError(f"{index}: not a shoal compare result (\"schemes\" must be a list of names)")
+    for i, row in enumerate(rows):
+        if not isinstance(row.get("scheme"), str) or not isinstance(row.get("run_dir"), str):
+            raise ConfigError(f"{index}: rows[{i}] needs \"scheme\" and \"run_dir\" strings")
+        run = folder / row["run_dir"]
         if not (run / "summary.json").is_file():
-            raise ConfigError(f"{run}: the run of scheme {row.get('scheme')!r} is missing (no summary.json)")
+            raise ConfigError(f"{run}: the run of scheme {row['scheme']!r} is missing (no summary.json)")
+        _read_json(run / "summary.json", "a run summary")
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path}: not {what} ({type(err).__name__}: {str(err).splitlines()[0][:80]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not {what} (expected a JSON object, got {type(data).__name__})")
+    return data
