@@ -142,6 +142,8 @@ def test_bad_topology_files_exit_2_with_one_line(app, tmp_path: Path, case: str)
         (["--topology", "fattree:k=4", "--programmable", "random:2"], "--programmable: fraction must be in [0, 1]"),
         (["--topology", "fattree:k=4", "--plot", "/nonexistent/dir/x.png"], "--plot: /nonexistent/dir/x.png: folder"),
         (["--topology", "fattree:k=4", "--plot", "plan.jpg"], "--plot: plan.jpg: expected a .png file name"),
+        (["--topology", "fattree:k=4", "--save", "/proc/1/shoal-x.json"], "--save: /proc/1/shoal-x.json: cannot write there"),
+        (["--topology", "fattree:k=4", "--plot", __file__ + "/x.png"], "is not a folder"),
         (["--topology", "nothere.json"], "nothere.json: no such file"),
     ],
 )

@@ -91,6 +91,16 @@ def _check_output(path: Path | None, option: str, suffix: str) -> None:
         raise ConfigError(f"{option}: {path}: expected a {suffix} file name")
     if not path.parent.exists():
         raise ConfigError(f"{option}: {path}: folder {path.parent} does not exist")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{option}: {path}: {path.parent} is not a folder")
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as err:
+        raise ConfigError(f"{option}: {path}: cannot write there ({err.strerror or err})") from None
+    if not existed:
+        path.unlink()
 
 
 def _fmt(x: float | None, digits: int = 2) -> str:
