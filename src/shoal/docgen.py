@@ -187,9 +187,16 @@ def _raised_messages(func: Any) -> list[str]:
                 messages.append(arg.value)
             elif isinstance(arg, ast.JoinedStr):
                 messages.append("".join(
-                    v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}" for v in arg.values
+                    v.value if isinstance(v, ast.Constant) else _placeholder(v.value) for v in arg.values
                 ))
     return messages
+
+
+def _placeholder(expr: ast.expr) -> str:
+    """What a reader sees in place of an f-string field: ``<sync.scheme>``, ``<count of network.worker_hosts>``."""
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "len" and expr.args:
+        return f"<count of {_placeholder(expr.args[0]).strip('<>')}>"
+    return "<" + ast.unparse(expr).removeprefix("self.") + ">"
 
 
 # -- rendering types, defaults and constraints ----------------------------------------
