@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuned import RESULTS, fmt_interval, provenance, rows_of, run_protocol
+from tuned import RESULTS, fmt_interval, provenance, ratio_text, rows_of, run_protocol
 
 TARGET = 0.90
 LRS = [0.002, 0.005, 0.01, 0.02]
@@ -87,16 +87,6 @@ def with_ratios(rows: list[dict[str, Any]], runs: list[dict[str, Any]], chosen: 
             r["accuracy_vs_dense_points"] = round(100 * (r["final"]["median"] - dense["final"]["median"]), 3)
 
 
-def _ratio(sp: dict[str, Any]) -> str:
-    if sp["value"] is None:
-        return "n/a"
-    ci = ""
-    if sp.get("ci90"):
-        lo, hi = sp["ci90"]
-        ci = f" ({'0' if lo is None else f'{lo:.2f}'}..{'inf' if hi is None else f'{hi:.2f}'})"
-    return f"{sp['value']:.2f}x{ci}"
-
-
 def markdown(rows: list[dict[str, Any]], runs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# Compression, SIM and local SGD, each with its lr tuned " + (
@@ -116,8 +106,8 @@ def markdown(rows: list[dict[str, Any]], runs: list[dict[str, Any]], meta: dict[
     ]
     for r in rows:
         lines.append(
-            f"| {r['scheme']} | {r['tuned']} | {fmt_interval(r['time'], 1)} | {_ratio(r['speedup_vs_dense'])} "
-            f"| {_ratio(r['speedup_vs_localsgd_h2'])} | {fmt_interval(r['final'], 2, 100)} "
+            f"| {r['scheme']} | {r['tuned']} | {fmt_interval(r['time'], 1)} | {ratio_text(r['speedup_vs_dense'])} "
+            f"| {ratio_text(r['speedup_vs_localsgd_h2'])} | {fmt_interval(r['final'], 2, 100)} "
             f"| {r.get('accuracy_vs_dense_points', 0):+.2f} | {r['bytes_up'] / 1e9:.2f} | {r['bytes_down'] / 1e9:.2f} "
             f"| {r['bytes_vs_dense']:.3f} |")
     from shoal.report.tuning import median_time
