@@ -1,0 +1,161 @@
+"""The `sim` backend's server on the virtual clock, and what workers send it and take from it.
+
+A ``SimServer`` holds a replica, a sync policy, its ingress and egress links
+(``SharedLink``: max-min fair sharing), the buffered pushes and the workers
+waiting at its gate (a heap keyed by the slowest clock each needs), and,
+with SIM, the schedule and the per-clock similarity meters.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+import simpy
+import torch
+
+from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
+from shoal.engine.cost import SharedLink
+from shoal.engine.replica import Replica
+from shoal.sync import SyncPolicy
+from shoal.sync.localsgd import PeriodicSchedule
+
+
+@dataclass
+class Push:
+    """What a worker sent: its (reconstructed) gradient, its batch-norm buffer change, and the bytes.
+
+    With SIM, ``grad`` holds only the tensors in ``grad_mask`` (aggregated as
+    gradients), ``delta`` the accumulated local changes of the tensors in
+    ``delta_mask`` (re-synchronised by averaging), both at SIM clock ``clock``.
+    """
+
+    grad: torch.Tensor | None
+    buffer_delta: torch.Tensor | None
+    nbytes: int
+    delta: torch.Tensor | None = None
+    grad_mask: tuple[bool, ...] | None = None
+    delta_mask: tuple[bool, ...] | None = None
+    clock: int = 0
+
+
+@dataclass
+class Pulled:
+    """What a worker computes on: parameters, buffers, and what the pull cost.
+
+    With SIM, ``fresh`` marks the tensors taken from the server (the rest are
+    the worker's local values) and ``plan`` the tensors aggregated at ``clock``.
+    """
+
+    params: torch.Tensor | None
+    buffers: torch.Tensor | None
+    nbytes: int
+    fresh: tuple[bool, ...] | None = None
+    plan: tuple[bool, ...] | None = None
+    clock: int = 0
+
+
+class SimServer:
+    """One (group) server on the virtual clock: replica, policy, links, buffered pushes, waiters."""
+
+    def __init__(self, env: simpy.Environment, policy: SyncPolicy, replica: Replica | None, weight: float,
+                 bandwidth_bps: float, schedule: SimilaritySchedule | PeriodicSchedule | None = None,
+                 slices: list[slice] | None = None) -> None:
+        self.env = env
+        self.policy = policy
+        self.replica = replica
+        self.weight = weight
+        self.schedule = schedule
+        self.slices = slices or []
+        self._meters: dict[int, SimilarityMeter] = {}
+        self.ingress = SharedLink(env, bandwidth_bps)
+        self.egress = SharedLink(env, bandwidth_bps)
+        self.version = 0  # updates this replica holds: its own and those its peers' deltas brought
+        self.updates = 0
+        self.unsent_updates = 0  # GSSP: own updates not yet sent to the peers
+        self._pending: dict[int, Push] = {}
+        self._waiters: list[tuple[int, int, simpy.Event]] = []
+        self._seq = itertools.count()
+
+    def gate(self, worker: int) -> simpy.Event | None:
+        """None if ``worker`` may start now, else an event that fires when it may (or on a regroup)."""
+        threshold = self.policy.start_threshold(worker)
+        if threshold is None or self.policy.min_clock >= threshold:
+            return None
+        event = self.env.event()
+        heapq.heappush(self._waiters, (threshold, next(self._seq), event))
+        return event
+
+    def receive(self, worker: int, push: Push) -> int:
+        """Take a push; apply the update the policy releases; return how many updates were applied."""
+        self._pending[worker] = push
+        batch = self.policy.on_push(worker)
+        if batch:
+            self._apply([self._pending.pop(w) for w in batch])
+        self._wake()
+        return 1 if batch else 0
+
+    def receive_delta(self, params_delta: torch.Tensor | None, buffers_delta: torch.Tensor | None,
+                      updates: int) -> None:
+        """A peer group server's own delta arrived; it holds ``updates`` updates (staleness counts each)."""
+        self.version += updates
+        if self.replica is not None and params_delta is not None:
+            self.replica.receive_delta(params_delta, buffers_delta)
+
+    def _apply(self, pushes: list[Push]) -> None:
+        self.version += 1
+        self.updates += 1
+        self.unsent_updates += 1
+        if self.replica is None:
+            return
+        if self.schedule is None:
+            self.replica.apply([p.grad for p in pushes], self.weight)
+        else:
+            self._apply_sim(pushes)
+        self.replica.add_buffer_deltas([p.buffer_delta for p in pushes], self.weight)
+
+    def _apply_sim(self, pushes: list[Push]) -> None:
+        """SIM: one step on the gradient tensors, average in the local changes, measure similarity."""
+        assert self.replica is not None
+        by_masks: dict[tuple, list[Push]] = {}
+        for push in pushes:  # a round shares its masks; they differ only right after a GSSP move
+            by_masks.setdefault((push.grad_mask, push.delta_mask), []).append(push)
+        for (grad_mask, delta_mask), same in by_masks.items():
+            if any(grad_mask):
+                frozen = [sl for sl, g in zip(self.slices, grad_mask) if not g]
+                self.replica.apply([p.grad for p in same], self.weight, frozen=frozen)
+            if any(delta_mask):
+                self.replica.add_delta([p.delta for p in same], self.weight)
+        if self.schedule.periodic:
+            return
+        for push in pushes:
+            if not self.schedule.wants(push.clock):
+                continue
+            meter = self._meters.setdefault(push.clock, SimilarityMeter())
+            for i, sl in enumerate(self.slices):
+                if push.grad_mask[i]:
+                    meter.add(i, push.grad[sl])
+                elif push.delta_mask[i]:
+                    meter.add(i, push.delta[sl])
+
+    def finish_measurements(self) -> list[int]:
+        """Feed the schedule every clock all members have pushed; return those clocks."""
+        if self.schedule is None:
+            return []
+        return self.schedule.finish_clocks(self._meters, self.policy.min_clock)
+
+    def wake(self) -> None:
+        """Release the waiters whose threshold the slowest clock has reached."""
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self._waiters[0][0] <= self.policy.min_clock:
+            heapq.heappop(self._waiters)[2].succeed()
+
+    def wake_all(self) -> None:
+        """Release every waiter so it re-checks its gate (membership changed)."""
+        while self._waiters:
+            event = heapq.heappop(self._waiters)[2]
+            if not event.triggered:
+                event.succeed()
