@@ -69,7 +69,7 @@ def test_converged_speeds_merge_into_one_server_and_leave_the_other_idle():
     p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=1, profile_window=4, regroup_patience=1,
              split_ratio=1.5, regroup_cooldown_s=5.0)
     _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=1)
-    p.initial_split(now=1.0)
+    p.initial_split()
     _profile(p, [0.1, 0.1, 0.1, 0.1], rounds=4)  # the slow pair caught up
     moves = p.check_regroup(now=1.5)  # no cooldown after the split itself
     assert sorted((m.worker, m.old, m.new) for m in moves) == [(2, 1, 0), (3, 1, 0)]  # the majority server stays

@@ -417,7 +417,7 @@ class RayBackend:
         """GSSP decisions on what was observed; lr decay."""
         if self.gssp is not None:
             self._pad_profile_of_dead()
-            if (groups := self.gssp.initial_split(self.now())) is not None:
+            if (groups := self.gssp.initial_split()) is not None:
                 self._split(groups)
                 self._share_updates()
             elif self.recorder.iterations // self.n > self._regroup_mark:

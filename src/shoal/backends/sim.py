@@ -315,7 +315,7 @@ class SimBackend:
         index = self.servers.index(server)
         if applied and gssp.local_update(index):
             self.env.process(self._exchange(index))
-        if (groups := gssp.initial_split(self.env.now)) is not None:
+        if (groups := gssp.initial_split()) is not None:
             self._split(groups)
         elif self.recorder.iterations % self.profile.workers == 0:
             self._share_updates()

@@ -101,7 +101,7 @@ class GSSP:
             return True
         return False
 
-    def initial_split(self, now: float = 0.0) -> Groups | None:
+    def initial_split(self) -> Groups | None:
         """The first grouping, once every worker has been profiled (None: not yet, or already)."""
         if self.grouped or not self.profiler.ready:
             return None
