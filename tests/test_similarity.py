@@ -247,7 +247,7 @@ def test_snr_of_the_meter_recovers_the_true_signal_to_noise_ratio(n, ratio, seed
 def test_base_period_without_similarity_is_local_sgds_plan():
     from shoal.sync.localsgd import PeriodicSchedule
 
-    s = schedule(rule="snr", min_snr=1.0, base_period=3, max_period=6, min_numel=0)
+    s = schedule(rule="snr", min_snr=1.0, base_period=3, max_period=6)  # tensor "small" is under min_numel
     periodic = PeriodicSchedule(2, 3)
     for c in range(30):
         plan = s.plan(c)

@@ -116,8 +116,10 @@ class SimilaritySchedule:
         return self._plans[clock]
 
     def _decide(self, t: TensorSchedule, clock: int) -> bool:
-        if clock < self.warmup or t.numel < self.min_numel:
+        if clock < self.warmup:
             due = True
+        elif t.numel < self.min_numel:  # never skipped beyond the base period
+            due = (clock + 1) % self.base_period == 0
         elif t.last_sync < 0:  # the first clock after the warm-up (or a restart) starts the period
             due = (clock + 1) % t.tau == 0  # local SGD's sync clocks
         else:
