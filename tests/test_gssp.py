@@ -210,3 +210,18 @@ def test_a_group_does_not_wait_for_its_transient_stragglers(fast_config, tmp_pat
     wait = lambda s: sum(p["wait_s"] for p in s["per_worker"])  # noqa: E731
     assert wait(excused) < 0.3 * wait(waited)
     assert excused["iterations"] > 1.2 * waited["iterations"]
+
+
+@pytest.mark.parametrize("before, after", [(0.5, 0.1), (0.1, 0.9), (1.0, 0.25)])
+def test_a_share_change_keeps_what_the_velocity_still_moves(before, after):
+    """Regrouping changes a server's share; the momentum already built must not be applied at the new step size."""
+    opt = OptimizerConfig(name="sgd", lr=0.1, momentum=0.9)
+    r = Replica(torch.zeros(3), torch.zeros(0), opt)
+    r.set_update_share(before)
+    g = torch.tensor([1.0, -2.0, 0.5])
+    r.apply([g], 1.0)
+    r.apply([torch.zeros(3)], 1.0)
+    r.set_update_share(after)
+    for _ in range(600):
+        r.apply([torch.zeros(3)], 1.0)
+    assert torch.allclose(-r.params.detach(), 0.1 / (1 - 0.9) * g, rtol=1e-4)

@@ -168,10 +168,14 @@ class Replica:
         if not self.momentum or share <= 0:
             return
         momentum = self.momentum ** (1.0 / min(1.0, share))
+        group = self.optimizer.param_groups[0]
+        buffer = self.optimizer.state.get(self.params, {}).get("momentum_buffer")
+        if buffer is not None and momentum != group["momentum"]:
+            # what the velocity still moves the model by, lr m_k / (1 - m) x buffer, stays the same
+            buffer.mul_(group["momentum"] / momentum)
         self.lr_scale = (1.0 - momentum) / (1.0 - self.momentum)
-        for group in self.optimizer.param_groups:
-            group["momentum"] = momentum
-            group["lr"] = self.lr * self.lr_scale
+        group["momentum"] = momentum
+        group["lr"] = self.lr * self.lr_scale
 
     def add_buffer_deltas(self, deltas: Sequence[torch.Tensor], weight: float) -> None:
         """Move batch-norm statistics by the weighted sum of the workers' changes."""
