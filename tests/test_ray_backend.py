@@ -505,8 +505,9 @@ def test_ctrl_c_writes_summary_and_leaves_no_process(tmp_path):
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline:
-            metrics = out / "metrics.jsonl"
-            if metrics.exists() and '"eval"' in metrics.read_text():
+            metrics = out / "metrics.jsonl"  # flushed per event: wait for an evaluation after some training
+            if metrics.exists() and any(e.get("event") == "eval" and e.get("iterations", 0) > 0
+                                        for e in map(json.loads, metrics.read_text().splitlines())):
                 break
             time.sleep(0.5)
         tree = descendants(proc.pid)
