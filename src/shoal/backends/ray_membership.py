@@ -1,0 +1,101 @@
+"""GSSP membership on ray: the split, regroups, update shares, and each worker's route and density.
+
+A mixin of ``RayBackend`` (backends/ray.py): the pure ``GSSP`` policy decides,
+this carries its decisions out on the actors, in step with the sim
+backend's ``_split`` / ``_regroup``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shoal.compress.codec import exchange_codec
+from shoal.sync.gssp import Move
+
+
+class Membership:
+    """Carries out the GSSP policy's groupings on the group server and worker actors."""
+
+    def server_of(self, worker: int) -> int:
+        return self.gssp.server_of[worker] if self.gssp is not None else 0
+
+    def _density(self, worker: int) -> float:
+        """Upload density of ``worker`` now: fixed for topk, scheduled per group for gdtopk (as in sim)."""
+        if self.cfg.compression.method != "gdtopk":
+            return self.cfg.compression.density
+        epoch = self.setup.epochs(self.recorder.iterations)
+        if self.gssp is None or not self.gssp.grouped:
+            return self.schedule.group_density(epoch, [], [])
+        return self._group_density(self.gssp.server_of[worker])
+
+    def _group_density(self, server: int) -> float:
+        """GDTopK: a group's scheduled density (endpoints: the fastest and slowest group, as in sim)."""
+        if self.cfg.compression.method != "gdtopk" or self.gssp is None:
+            return self.cfg.compression.density
+        epoch = self.setup.epochs(self.recorder.iterations)
+        groups = self.gssp.groups
+        return self.schedule.group_density(epoch, self.gssp.profiler.times(), groups[server], groups)
+
+    def _split(self, groups: list[list[int]]) -> None:
+        """One server per group: group 0 keeps server 0 (fresh optimizer), the others start from its copy."""
+        import ray
+
+        self.epoch += 1
+        policies = [self._live_policy(members) for members in groups]
+        params, buffers, schedule = ray.get(self.servers[0].split.remote(policies[0], self.epoch))
+        p_ref, b_ref = ray.put(params), ray.put(buffers)
+        while len(self.spares) < len(groups) - 1:
+            self.spares.append(self._server_actor(len(self.spares) + 1))
+        new, surplus = self.spares[: len(groups) - 1], self.spares[len(groups) - 1 :]
+        ray.get([s.install.remote(policies[g + 1], p_ref, b_ref, True, self.epoch) for g, s in enumerate(new)])
+        if schedule is not None:  # SIM: every group server runs a restarted copy (group 0 keeps the bytes saved)
+            ray.get([s.set_similarity.remote(schedule, self._slices()) for s in new])
+        for spare in surplus:
+            ray.kill(spare)
+        self.spares = []
+        self.servers = [self.servers[0], *new]
+        ray.get([s.set_peers.remote(self.servers, self.t0) for s in self.servers])
+        layout = self.setup.engine.layout
+        ray.get([s.set_exchange_codec.remote(exchange_codec(self.cfg.compression, self.cfg.run.seed, g, layout))
+                 for g, s in enumerate(self.servers)])
+        for g, members in enumerate(groups):
+            for w in members:
+                self.stats[w].group = g
+                if w in self.alive:
+                    self.workers[w].set_route.remote(self.epoch, g, self.servers[g])
+        self.recorder.event("groups", t=self.now(), groups=groups, reason="profiled",
+                            times=[round(t, 6) for t in self.gssp.profiler.times()])
+
+    def _regroup(self, moves: list[Move]) -> None:
+        """Carry out the policy's moves: the new server admits, the old one releases, then the route."""
+        import ray
+
+        self.epoch += 1
+        live = [m for m in moves if m.worker in self.alive]
+        ray.get([self.servers[m.new].add_worker.remote(m.worker, self.epoch) for m in live])
+        ray.get([self.servers[m.old].remove_worker.remote(m.worker, self.epoch) for m in live])
+        for move in moves:
+            self.stats[move.worker].group = move.new
+        for move in live:
+            self.workers[move.worker].set_route.remote(self.epoch, move.new, self.servers[move.new])
+        for idle in {m.old for m in moves} & set(self.gssp.idle_servers):
+            self.servers[idle].flush_exchange.remote()  # its merged-away group's last updates reach the peers
+        self.recorder.event("groups", t=self.now(), groups=self.gssp.groups, reason="regroup",
+                            moves=[[m.worker, m.old, m.new] for m in moves])
+
+    def _share_updates(self) -> None:
+        """Each group server's share of all updates (GSSP global momentum) and its exchange density."""
+        shares = self.gssp.update_shares() if self.cfg.sync.group_momentum == "global" else [None] * len(self.servers)
+        for g, (server, share) in enumerate(zip(self.servers, shares)):
+            server.set_update_share.remote(share, self._group_density(g))
+
+    def _pad_profile_of_dead(self) -> None:
+        """A worker lost while profiling would keep the split from ever happening: count it as profiled."""
+        gssp = self.gssp
+        if gssp is None or gssp.grouped or not self.dead:
+            return
+        times = [t for w, t in enumerate(gssp.profiler.times()) if gssp.profiler.count[w] and w not in self.dead]
+        for w in self.dead:
+            while gssp.profiler.count[w] < gssp.profiler.warmup:
+                own = gssp.profiler.times()[w] if gssp.profiler.count[w] else 0.0
+                gssp.observe(w, own or (float(np.median(times)) if times else self.profile.compute_s))

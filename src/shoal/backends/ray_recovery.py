@@ -1,0 +1,144 @@
+"""Faults and recovery on ray: failed workers (removed, restarted, rejoined), checkpoints and resume.
+
+A mixin of ``RayBackend`` (backends/ray.py): it reads and sets the driver's
+attributes, which ``RayBackend.__init__`` declares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+from shoal.backends import checkpoint
+from shoal.engine.metrics import WorkerStats
+
+
+class Recovery:
+    """Worker failures and restarts; periodic checkpoints of every group server and resuming from them."""
+
+    def _worker_ended(self, ref: Any) -> None:
+        """A worker's loop returned: a failure unless the run is stopping."""
+        import ray
+
+        w = self._run_refs.pop(ref)
+        try:
+            ray.get(ref)
+            error = "worker loop ended"
+        except ray.exceptions.RayError as err:
+            error = first_line(err)
+        if self.stop_reason is None:
+            self._fail(w, error)
+
+    def _fail(self, w: int, error: str) -> None:
+        """Remove a failed worker from its server's gating (nobody waits for it), then restart or drop it."""
+        import ray
+
+        self.alive.discard(w)
+        self._drains.pop(w, None)
+        if self.plan is not None:  # its switch and the server wait for its fragments: the round cannot finish
+            self.failures.append({"t": round(self.now(), 6), "worker": w, "error": error, "restarted": False})
+            self.recorder.event("worker_failed", t=self.now(), worker=w, error=error, restarted=False)
+            self.dead.add(w)
+            self.stop_reason = "worker_failed"
+            return
+        restart = self.restarts[w] < self.cfg.backend.max_restarts
+        self.failures.append({"t": round(self.now(), 6), "worker": w, "error": error, "restarted": restart})
+        self.recorder.event("worker_failed", t=self.now(), worker=w, error=error, restarted=restart)
+        self.epoch += 1
+        ray.get(self.servers[self.server_of(w)].remove_worker.remote(w, self.epoch))
+        ray.kill(self.workers[w], no_restart=True)
+        if not restart:
+            self.dead.add(w)
+            return
+        self.restarts[w] += 1
+        self.workers[w] = self._worker_actor(w)
+        self._starting[self.workers[w].ping.remote()] = w
+
+    def _collect_started(self) -> None:
+        """Restarted workers that are ready rejoin their group's server (at its slowest clock)."""
+        import ray
+
+        if not self._starting:
+            return
+        ready, _ = ray.wait(list(self._starting), num_returns=len(self._starting), timeout=0)
+        for ref in ready:
+            w = self._starting.pop(ref)
+            self.pids[w] = ray.get(ref)["pid"]
+            self.epoch += 1
+            server = self.server_of(w)
+            ray.get(self.servers[server].add_worker.remote(w, self.epoch))
+            self._launch(w)
+            self.recorder.event("worker_restarted", t=self.now(), worker=w, restarts=self.restarts[w])
+
+    def _ckpt_period(self) -> float:
+        every = self.cfg.backend.checkpoint_every_s
+        return every if every > 0 and self.out is not None else math.inf
+
+    def _checkpoint(self) -> None:
+        """Every group server saves its replica and optimizer; then the run state commits the set."""
+        import ray
+
+        if self.out is None:
+            return
+        root = self.out / "checkpoint"
+        self.ckpt_seq += 1
+        folder = checkpoint.new_folder(root, self.ckpt_seq)
+        ray.get([s.save.remote(str(folder)) for s in self.servers])
+        checkpoint.commit(root, folder, self._run_state())
+        self.last_checkpoint = str(folder)
+        self.recorder.event("checkpoint", t=round(self.now(), 6), path=str(folder))
+
+    def _run_state(self) -> dict[str, Any]:
+        r = self.recorder
+        return {
+            "scheme": self.cfg.sync.scheme, "workers": self.n, "elapsed_s": getattr(self, "elapsed", None) or self.now(),
+            "iterations": r.iterations,
+            "bytes_up": r.bytes_up, "bytes_down": r.bytes_down, "best_accuracy": r.best_accuracy,
+            "time_to_target_s": r.time_to_target_s, "last_eval": r.evals[-1] if r.evals else None,
+            "stats": [asdict(s) for s in self.stats], "groups": self._groups(),
+            "grouped": bool(self.gssp and self.gssp.grouped),
+            "profile_times": self.gssp.profiler.times() if self.gssp else None,
+            "failures": self.failures, "restarts": self.restarts, "servers": len(self.servers),
+        }
+
+    def _load_resume(self) -> dict[str, Any]:
+        """Restore the run state of the last checkpoint; the replicas load in the servers."""
+        assert self.resume is not None
+        folder, state = checkpoint.latest(self.resume / "checkpoint")
+        r = self.recorder
+        r.iterations, r.bytes_up, r.bytes_down = state["iterations"], state["bytes_up"], state["bytes_down"]
+        r.best_accuracy, r.time_to_target_s = state["best_accuracy"], state["time_to_target_s"]
+        if state["last_eval"] is not None:
+            r.evals.append(state["last_eval"])
+        self.stats = [WorkerStats(**s) for s in state["stats"]]
+        self.failures = list(state["failures"])
+        self.offset = float(state["elapsed_s"])
+        self.ckpt_seq = int(folder.name.rpartition("-")[2])  # numbering goes on, so newer sorts later
+        if self.gssp is not None and state["grouped"]:
+            self._restore_groups(state["groups"], state["profile_times"])
+        self.recorder.event("resume", t=round(self.offset, 6), checkpoint=str(folder))
+        return {"folder": folder, **state}
+
+    def _restore_groups(self, groups: list[list[int]], times: list[float]) -> None:
+        """Put the GSSP policy back into its grouped state (profile and groups of the checkpoint)."""
+        gssp = self.gssp
+        assert gssp is not None
+        for w, seconds in enumerate(times):
+            for _ in range(gssp.profiler.warmup):
+                gssp.observe(w, seconds)
+        gssp._install(groups)  # GSSP has no public restore yet; _install is its own set-up step
+        gssp.grouped = True
+
+    def _final_checkpoint(self) -> None:
+        if self._ckpt_period() < math.inf:
+            self._checkpoint()
+
+
+def first_line(err: BaseException) -> str:
+    """The line of a Ray error that says what happened (its traceback dropped), at most 300 characters."""
+    text = str(err).strip()
+    for line in text.splitlines():
+        if "Error" in line or "error" in line or "died" in line:
+            return line.strip()[:300]
+    return (text.splitlines()[0] if text else type(err).__name__)[:300]

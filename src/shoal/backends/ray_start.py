@@ -1,0 +1,215 @@
+"""Starting a ray run: the actors (fresh or from the kept pool), their data, the switches and first routes.
+
+A mixin of ``RayBackend`` (backends/ray.py): it reads and sets the driver's
+attributes, which ``RayBackend.__init__`` declares.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from shoal.backends.local_model import aggregation_schedule, outer_step, uses_local_models
+from shoal.backends.ray_server import GroupServer
+from shoal.backends.ray_session import ActorPool
+from shoal.backends.ray_wire import Link
+from shoal.backends.ray_worker import Worker
+from shoal.backends.ray_switch import SERVER, SwitchActor, worker_name
+from shoal.cluster.grouping import choose_groups
+from shoal.compress.codec import server_optimizer
+from shoal.config import ConfigError
+from shoal.sync import SyncPolicy, make_policy
+from shoal.sync.policies import SSP
+
+
+STARTUP_TIMEOUT_S = 300.0
+
+
+class ActorSetup:
+    """Creates the group servers, workers and switch actors of a run and starts the workers' loops."""
+
+    def _cpus_needed(self) -> float:
+        b = self.cfg.backend
+        return self.n * b.cpus_per_worker + (1 + self._predicted_spares()) * b.cpus_per_server
+
+    def _predicted_spares(self) -> int:
+        """Extra GSSP group servers to start early, so the split does not wait for processes to start."""
+        if self.gssp is None:
+            return 0
+        s = self.cfg.sync
+        if isinstance(s.groups, int):
+            return min(s.groups, self.n) - 1
+        if not self.cfg.cluster.emulate:
+            return 0
+        times = [self.profile.compute_s * speed for speed in self.speeds]
+        return len(choose_groups(times, s.groups, s.group_threshold, s.max_groups, s.split_ratio)) - 1
+
+    def _server_actor(self, index: int) -> Any:
+        c, b = self.cfg.cluster, self.cfg.backend
+        peer_link = Link(c.latency_ms / 1e3, c.server_gbps * 1e9, c.emulate)
+        args = (index, server_optimizer(self.cfg.compression, self.cfg.optimizer), 1.0 / self.n, self.cfg.sync.exchange_every, peer_link, b.torch_threads,
+                outer_step(self.cfg))
+        return self._actor(GroupServer, {"num_cpus": b.cpus_per_server, "max_concurrency": 10_000}, args)
+
+    def _worker_actor(self, w: int) -> Any:
+        b = self.cfg.backend
+        x, y = self._shards[w]
+        args = (w, self.cfg, x, y, self.setup.dataset.num_classes, self.speeds[w], self.profile.compute_s,
+                self.setup.download_bytes, self._density(w))
+        options = {"num_cpus": b.cpus_per_worker, "num_gpus": b.gpus_per_worker, "max_concurrency": 1000}
+        return self._actor(Worker, options, args)
+
+    def _actor(self, cls: type, options: dict[str, Any], args: tuple[Any, ...]) -> Any:
+        """A new actor, or a kept one re-initialised (ActorPool)."""
+        import ray
+
+        key = (cls.__name__, *sorted(options.items()))
+        handle = ActorPool.take(key) if self.where == "existing" else None
+        if handle is not None:  # waited for: an async actor may run later calls before an earlier one
+            ray.get(handle.reinit.remote(*args))
+        else:
+            handle = ray.remote(cls).options(**options).remote(*args)
+        self._keys[handle._actor_id] = key
+        return handle
+
+    def _put_shards(self) -> None:
+        import ray
+
+        ds = self.setup.dataset
+        self._shards = []
+        for stream in self.setup.streams:
+            idx = torch.as_tensor(stream.shard)
+            self._shards.append((ray.put(ds.x_train[idx].numpy()), ray.put(ds.y_train[idx].numpy())))
+
+    def _check_resources(self) -> None:
+        import ray
+
+        total = ray.cluster_resources()
+        gpus = self.cfg.backend.gpus_per_worker * self.n
+        if gpus > 0 and total.get("GPU", 0.0) < gpus:
+            raise ConfigError(f"backend.gpus_per_worker: {self.n} workers need {gpus:g} GPUs, "
+                              f"the Ray cluster has {total.get('GPU', 0.0):g}")
+        cpus = self._cpus_needed()
+        if not self.cfg.backend.address and total.get("CPU", 0.0) < cpus - 1e-9:  # a joined cluster may autoscale
+            raise ConfigError(f"backend.cpus_per_worker / cpus_per_server: the actors request {cpus:g} CPUs, "
+                              f"this Ray instance has {total.get('CPU', 0.0):g}; request fractions of a CPU")
+
+    def _start(self) -> None:
+        """Create the actors (from the initial state or a checkpoint) and wait until all are ready."""
+        import ray
+
+        self._check_resources()
+        self._put_shards()
+        resumed = self._load_resume() if self.resume is not None else None
+        policies = self._initial_policies(resumed)
+        self.servers = [self._server_actor(i) for i in range(len(policies))]
+        if self.gssp is not None and not self.gssp.grouped:
+            self.spares = [self._server_actor(i + 1) for i in range(self._predicted_spares())]
+        for w in range(self.n):
+            self.workers[w] = self._worker_actor(w)
+        self._install_servers(policies, resumed)
+        if self.plan is not None:
+            self._start_switches()
+        pings = {self.workers[w].ping.remote(): w for w in range(self.n)}
+        pings |= {s.ping.remote(): -1 for s in self.servers + self.spares + list(self.switches.values())}
+        ready, pending = ray.wait(list(pings), num_returns=len(pings), timeout=STARTUP_TIMEOUT_S)
+        if pending:
+            raise RuntimeError(f"{len(pending)} Ray actors were not placed within {STARTUP_TIMEOUT_S:.0f} s "
+                               f"(resources: {ray.available_resources()})")
+        for ref in ready:
+            if pings[ref] >= 0:
+                info = ray.get(ref)
+                self.pids[pings[ref]], self.devices[pings[ref]] = info["pid"], info["device"]
+        self.t0 = time.time() - self.offset
+        ray.get([s.set_peers.remote(self.servers, self.t0) for s in self.servers])
+        for w in range(self.n):
+            self._launch(w)
+        self.started = True
+
+    def _start_switches(self) -> None:
+        """One switch actor per aggregation switch of the plan; every worker learns its node, the server the workers."""
+        import ray
+
+        plan, net = self.plan, self.cfg.network
+        assert plan is not None
+        members: dict[str, list[str]] = {}
+        for w, node in enumerate(plan.node_of):
+            if node is not None:
+                members.setdefault(node, []).append(worker_name(w))
+        for switch, names in sorted(members.items()):
+            self.switches[switch] = ray.remote(SwitchActor).options(num_cpus=0, max_concurrency=1000).remote(
+                switch, names, net.switch_slots)
+        server, run_id = self.servers[0], uuid.uuid4().hex
+        calls = [s.set_server.remote(server) for s in self.switches.values()]
+        calls.append(server.ina_setup.remote({worker_name(w): self.workers[w] for w in range(self.n)},
+                                             self.setup.engine.num_params, net.fragment_size, run_id))
+        for w, node in enumerate(plan.node_of):
+            handle = server if node is None else self.switches[node]
+            fan_in = 1 if node is None else len(members[node])
+            calls.append(self.workers[w].set_ina.remote(worker_name(w), node or SERVER, fan_in, net.fragment_size,
+                                                        net.resend_timeout_s, handle, plan.rate_bps, run_id))
+        ray.get(calls)
+
+    def _collect_dataplane(self) -> None:
+        """The data plane's counters: per switch, the server's receiving side and the workers' senders (summed)."""
+        import ray
+
+        if self.plan is None:
+            return
+        switches = dict(zip(self.switches, ray.get([s.counters.remote() for s in self.switches.values()], timeout=30)))
+        totals = ray.get(self.servers[0].drain.remote(), timeout=30)
+        for event in totals.pop("events"):
+            self.recorder.event(event.pop("event"), **event)
+        server = totals.get("dataplane", {})
+        senders = ray.get([self.workers[w].ina_counters.remote() for w in sorted(self.alive)], timeout=30)
+        workers: dict[str, int] = {}
+        for counters in senders:
+            for key, value in (counters or {}).items():
+                workers[key] = workers.get(key, 0) + value
+        net = self.cfg.network
+        self.dataplane = {"fragment_size": net.fragment_size, "switch_slots": net.switch_slots,
+                          "switches": switches, "server": server, "workers": workers}
+        self.recorder.event("dataplane", t=round(self.now(), 6), **self.dataplane)
+
+    def _initial_policies(self, resumed: dict[str, Any] | None) -> list[SyncPolicy]:
+        if self.gssp is not None:
+            return [self._live_policy(members) for members in self.gssp.groups]
+        sync = self.cfg.sync
+        return [make_policy(sync.scheme, range(self.n), sync.staleness, sync.local_steps)]
+
+    def _live_policy(self, members: list[int]) -> SSP:
+        """The SSP policy a group server runs: its members that are still alive."""
+        policy = SSP(members or [0], self.cfg.sync.staleness)
+        for w in list(policy.clocks):
+            if w not in members or w in self.dead:
+                policy.remove(w)
+        return policy
+
+    def _install_servers(self, policies: list[SyncPolicy], resumed: dict[str, Any] | None) -> None:
+        import ray
+
+        track_own = self.gssp is not None
+        if resumed is None:
+            params, buffers = self.setup.engine.initial_state()
+            ray.get(self.servers[0].install.remote(policies[0], params.numpy(), buffers.numpy(), track_own, self.epoch))
+        else:
+            folder = str(resumed["folder"])
+            ray.get([s.restore.remote(policies[g], folder, f"group-{g}", self.epoch) for g, s in enumerate(self.servers)])
+        schedule = aggregation_schedule(self.cfg, self.setup.engine.layout)  # built exactly as the sim builds it
+        if schedule is not None:  # SIM periods are not checkpointed: a resume starts them again
+            ray.get([s.set_similarity.remote(schedule.restarted(keep_bytes=g == 0), self._slices())
+                     for g, s in enumerate(self.servers)])
+
+    def _slices(self) -> list[tuple[int, int]]:
+        return [(s.offset, s.offset + s.numel) for s in self.setup.engine.layout]
+
+    def _launch(self, w: int) -> None:
+        """Start ``w``'s loop on its current route."""
+        self.alive.add(w)
+        server = self.server_of(w)
+        if uses_local_models(self.cfg) and self.lr != self.cfg.optimizer.lr:
+            self.workers[w].set_lr.remote(self.lr)  # a restarted worker's local optimizer follows the decay
+        self._run_refs[self.workers[w].run.remote(self.t0, self.epoch, server, self.servers[server])] = w
