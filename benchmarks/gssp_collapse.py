@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from tuned import RESULTS, _run_all, provenance
+from tuned import RESULTS, run_all, provenance
 
 BASE = [
     "model.name=lenet5", "data.name=mnist5k", "data.batch_size=32", "optimizer.lr=0.05", "optimizer.momentum=0.9",
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     origin = provenance()
-    results = _run_all("gssp_collapse", [BASE + v for _, v in VARIANTS.values()], args.jobs)
+    results = run_all("gssp_collapse", [BASE + v for _, v in VARIANTS.values()], args.jobs)
     rows = [{"variant": name, "what": what, "groups": len(r["groups"]), "final_accuracy": r["final_accuracy"],
              "curve": r["curve"]} for (name, (what, _)), r in zip(VARIANTS.items(), results)]
     times = [t for t, _ in rows[0]["curve"]]

@@ -21,7 +21,7 @@ import json
 import time
 from typing import Any
 
-from tuned import RESULTS, _run_all, fmt_interval, provenance
+from tuned import RESULTS, run_all, fmt_interval, provenance
 
 TARGET = 0.94
 LRS = [0.01, 0.02, 0.05, 0.1]
@@ -93,7 +93,7 @@ def main() -> None:
     tasks = [(s, lr, seed) for seed in range(args.seeds) for lr in LRS for s in SCHEMES
              if s != "gssp-paper" or seed < args.paper_seeds]
     configs = [BASE + SCHEMES[s] + [f"optimizer.lr={lr}", f"run.seed={seed}"] for s, lr, seed in tasks]
-    results = _run_all("gssp_lognormal", configs, args.jobs)
+    results = run_all("gssp_lognormal", configs, args.jobs)
     runs = [{"scheme": s, "lr": lr, "seed": seed, **r} for (s, lr, seed), r in zip(tasks, results)]
     for r in runs:
         r.pop("curve", None)

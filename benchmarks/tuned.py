@@ -105,7 +105,7 @@ def run_protocol(name: str, base: list[str], schemes: dict[str, list[str]], tune
         return base + schemes[scheme] + [f"{tune_key}={value}", f"run.seed={seed}", *extra]
 
     tasks = [(s, v, seed) for seed in tune_seeds for v in values for s in schemes]
-    results = _run_all(name, [overrides(*t, "run.stop_at_target=true") for t in tasks], jobs)
+    results = run_all(name, [overrides(*t, "run.stop_at_target=true") for t in tasks], jobs)
     tuning_runs = [{"scheme": s, "value": v, "seed": seed, **r} for (s, v, seed), r in zip(tasks, results)]
     chosen: dict[str, Any] = {}
     tuning: dict[str, list[dict[str, Any]]] = {}
@@ -118,14 +118,14 @@ def run_protocol(name: str, base: list[str], schemes: dict[str, list[str]], tune
         chosen[scheme] = points[choose(points)]["value"]
         tuning[scheme] = points
     tasks = [(s, chosen[s], seed) for seed in tune_seeds + final_seeds for s in schemes]
-    results = _run_all(name, [overrides(*t) for t in tasks], jobs)
+    results = run_all(name, [overrides(*t) for t in tasks], jobs)
     runs = [{"scheme": s, "value": v, "seed": seed, **r} for (s, v, seed), r in zip(tasks, results)]
     for run in tuning_runs:
         run.pop("curve")
     return {"chosen": chosen, "tuning": tuning, "runs": runs, "tuning_runs": tuning_runs}
 
 
-def _run_all(name: str, configs: list[list[str]], jobs: int) -> list[dict[str, Any]]:
+def run_all(name: str, configs: list[list[str]], jobs: int) -> list[dict[str, Any]]:
     keys = [_key(name, o) for o in configs]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(run_one, configs, keys))
