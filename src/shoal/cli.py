@@ -14,6 +14,7 @@ from typer.exceptions import TyperException  # what typer's own click raises for
 from shoal.commands.compare import compare
 from shoal.commands.report import report
 from shoal.commands.route import route
+from shoal.commands.trace import trace
 from shoal.commands.train import train
 
 app = typer.Typer(
@@ -27,6 +28,7 @@ app.command("train")(train)
 app.command("compare")(compare)
 app.command("report")(report)
 app.command("route")(route)
+app.command("trace")(trace)
 
 
 def _version(value: bool) -> None:

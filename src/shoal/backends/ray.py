@@ -189,7 +189,7 @@ class RayBackend(ActorSetup, Membership, Recovery):
         self.recorder.bytes_down += r.get("bytes_down", self.setup.download_bytes)
         self.recorder.iteration(
             t=r["t"], worker=w, group=stats.group, clock=r["clock"], staleness=r["staleness"],
-            compute_s=r["compute_s"], wait_s=r["wait_s"], comm_s=r["comm_s"], loss=r["loss"],
+            compute_s=r["compute_s"], wait_s=r["wait_s"], comm_s=r["comm_s"], pull_s=r["pull_s"], loss=r["loss"],
             compute_real_s=r["compute_real_s"],
         )
         self._recent.append((r["t"], stats.group))

@@ -303,7 +303,7 @@ class Worker:
             "t": round(time.time() - self.t0, 6), "worker": self.w, "server": self.route.server if self.route else 0,
             "clock": answer["clock"], "staleness": answer["staleness"], "compute_s": round(compute, 6),
             "compute_real_s": round(real, 6), "wait_s": round(waited + push_wait, 6),
-            "comm_s": round(pull_s + push_s, 6), "loss": round(loss, 6), "bytes_up": nbytes,
+            "comm_s": round(pull_s + push_s, 6), "pull_s": round(pull_s, 6), "loss": round(loss, 6), "bytes_up": nbytes,
             "bytes_down": reply.get("nbytes", self.download_bytes),
         })
         return True
