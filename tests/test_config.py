@@ -1,5 +1,7 @@
 """Config loading, overrides, and one-line rejections of bad input."""
 
+import re
+
 import pytest
 
 from shoal.config import Config, ConfigError, build_config, load_config, to_toml
@@ -87,3 +89,14 @@ def test_examples_load():
 
     for path in sorted(Path(__file__).parents[1].glob("examples/*.toml")):
         assert isinstance(load_config(path), Config)
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["sync.intra_group=allreduce", "sync.scheme=gssp"], "bsp\" only so far"),
+    (["sync.intra_group=allreduce", "compression.method=topk"], "dense gradients"),
+    (["sync.intra_group=allreduce", "network.aggregation=ina"], "in-network aggregation"),
+    (["sync.intra_group=ring"], "sync.intra_group"),
+])
+def test_allreduce_groups_refuse_what_they_do_not_run(overrides, fragment):
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        load_config(None, overrides)

@@ -76,3 +76,12 @@ def test_flows_complete_when_the_clock_is_large():
             break
         env.step()
     assert sorted(done) == list(range(7))
+
+
+def test_ring_allreduce_moves_two_n_minus_one_over_n_of_the_data_in_two_n_minus_one_steps():
+    from shoal.engine.cost import ring_allreduce_bytes, ring_allreduce_time
+
+    assert ring_allreduce_bytes(1000, 4) == 1500 and ring_allreduce_bytes(1000, 1) == 0
+    # 4 workers, 1 MB at 8 Mbit/s: 1.5 MB over each link (1.5 s) + 6 latencies of 1 ms
+    assert ring_allreduce_time(1e6, 4, 8e6, 1e-3) == pytest.approx(1.5 + 0.006)
+    assert ring_allreduce_time(1e6, 1, 8e6, 1e-3) == 0.0

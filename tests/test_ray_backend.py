@@ -32,6 +32,7 @@ from shoal.backends.ray_session import ActorPool, start_local_ray  # noqa: E402
 from shoal.backends.ray_server import GroupServer  # noqa: E402
 from shoal.backends.ray_wire import Link  # noqa: E402
 from shoal.backends.ray_switch import SERVER, ServerSide, worker_name  # noqa: E402
+from shoal.backends.sim import SimBackend  # noqa: E402
 from shoal.config import ConfigError, load_config  # noqa: E402
 from shoal.engine.metrics import RunRecorder  # noqa: E402
 from shoal.engine.setup import build_setup  # noqa: E402
@@ -333,7 +334,55 @@ def test_ray_rejects_what_it_does_not_run(tmp_path):
         train(ray_config("backend.mode=cost"), tmp_path / "r")
     with pytest.raises(ConfigError, match="backend.max_restarts"):  # INA runs on ray (below), but without restarts
         train(ray_config("network.aggregation=\"ina\"", "backend.max_restarts=1"), tmp_path / "r")
+    with pytest.raises(ConfigError, match="backend.max_restarts"):
+        train(ray_config("sync.intra_group=allreduce", "backend.max_restarts=1"), tmp_path / "r")
     assert not (tmp_path / "r").exists()
+
+
+# -- BSP on all-reduce (torch.distributed inside the actors) ---------------------------------------
+
+
+def test_bsp_on_allreduce_trains_in_lockstep_on_loopback_only(ray_session):
+    seen: list[tuple[int, str, str]] = []
+
+    def look(backend, info):
+        if not seen and info["iterations"] > 0:
+            seen.extend(bound_sockets(descendants(os.getpid()) | {os.getpid()}))
+
+    backend, summary = run_backend(ray_config("sync.intra_group=allreduce"), look)
+    assert summary["stop_reason"] == "target_reached" and summary["groups"] == [[0, 1, 2, 3]]
+    assert seen and all(is_loopback(addr) for _, _, addr in seen), [s for s in seen if not is_loopback(s[2])]
+    counts = [w["iterations"] for w in summary["per_worker"]]
+    assert len(set(counts)) == 1, counts  # every rank leaves after the same agreed iteration
+    assert backend.servers == [] and summary["bytes_exchange"] == 0
+    ring = 2 * 3 / 4 * 4 * backend.setup.engine.num_params  # what each rank sends per ring all-reduce
+    assert summary["bytes_up"] == pytest.approx(ring * summary["iterations"], rel=1e-6)
+
+
+def test_bsp_on_allreduce_computes_exactly_what_the_simulated_bsp_does(ray_session):
+    """Same seed, same batches, 20 rounds: the all-reduce replicas end where the sim's BSP server ends."""
+    budget = ["run.max_iterations=80", "run.target_accuracy=1.0", "run.max_time_s=60", "optimizer.momentum=0.9",
+              "optimizer.weight_decay=0.001"]
+    backend, ray_summary = run_backend(ray_config("sync.intra_group=allreduce", *budget))
+    sim = SimBackend(build_setup(load_config(None, FAST + budget)), RunRecorder())
+    sim_summary = sim.run()
+    assert ray_summary["stop_reason"] == "iteration_budget" and ray_summary["iterations"] == 80
+    assert ray_summary["final_accuracy"] == sim_summary["final_accuracy"]
+    assert backend.recorder.evals[-1]["loss"] == pytest.approx(sim.recorder.evals[-1]["loss"], rel=1e-4)
+
+
+def test_a_failed_rank_ends_an_allreduce_run_cleanly(ray_session):
+    def fail(backend, info):
+        if info["iterations"] >= 20 and not backend.failures:
+            backend.workers[2].fail_next.remote()
+
+    signal.alarm(150)
+    try:
+        _, summary = run_backend(ray_config("sync.intra_group=allreduce", "run.target_accuracy=0.99"), fail)
+    finally:
+        signal.alarm(0)
+    assert summary["stop_reason"] == "worker_failed"
+    assert [f["worker"] for f in summary["failures"]] == [2] and summary["final_accuracy"] is not None
 
 
 # -- in-network aggregation: software switch actors ----------------------------------------------

@@ -57,6 +57,21 @@ def test_bsp_on_equal_workers_never_waits_and_is_never_stale(fast_config, tmp_pa
     assert len(its) == 40 and all(e["staleness"] == 0 for e in its)
 
 
+def test_bsp_on_allreduce_is_the_same_math_at_the_ring_all_reduces_cost(fast_config, tmp_path):
+    """Same updates as the server path; each iteration pays a ring all-reduce instead of a pull and a push."""
+    from shoal.engine.cost import ring_allreduce_bytes, ring_allreduce_time
+
+    budget = ("run.max_iterations=40", "run.stop_at_target=false", "cluster.link_gbps=1", "cluster.latency_ms=0.5")
+    server = train(fast_config(*budget), tmp_path / "server")
+    ring = train(fast_config(*budget, "sync.intra_group=allreduce"), tmp_path / "ring")
+    assert ring["final_accuracy"] == server["final_accuracy"] and ring["iterations"] == 40
+    params = ring["params"]
+    per_iteration = ring_allreduce_time(4 * params, 4, 1e9, 0.5e-3)
+    for worker in ring["per_worker"]:
+        assert worker["comm_s"] == pytest.approx(10 * per_iteration)
+    assert ring["bytes_up"] == ring["bytes_down"] == 40 * int(ring_allreduce_bytes(4 * params, 4))
+
+
 def test_ssp_keeps_clock_spread_within_the_bound(fast_config, tmp_path):
     cfg = fast_config("sync.scheme=ssp", "sync.staleness=2", "cluster.speeds=[1, 1, 3, 7]", "run.stop_at_target=false")
     train(cfg, tmp_path / "r")

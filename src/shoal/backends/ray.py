@@ -64,6 +64,7 @@ class RayBackend(ActorSetup, Membership, Recovery):
         self.speeds = list(self.profile.speeds)
         self.stats = [WorkerStats(id=w, group=0, speed=self.speeds[w]) for w in range(self.n)]
         self.gssp = gssp_from_config(self.cfg.sync, self.n) if self.cfg.sync.scheme == "gssp" else None
+        self.collective = self.cfg.sync.intra_group == "allreduce"  # BSP on all-reduce: workers only
         self.schedule = GDTopKSchedule.from_config(self.cfg.compression.gdtopk)
         self.servers: list[Any] = []
         self.spares: list[Any] = []
@@ -120,7 +121,7 @@ class RayBackend(ActorSetup, Membership, Recovery):
                 self.stop_reason = "time_budget"
                 return
             budget = self.cfg.run.max_iterations
-            if budget and self.recorder.iterations >= budget:
+            if budget and self.recorder.iterations >= budget and not self.collective:  # ranks stop themselves
                 self.stop_reason = "iteration_budget"
                 return
             if now >= next_ckpt:
@@ -227,6 +228,9 @@ class RayBackend(ActorSetup, Membership, Recovery):
         """What is evaluated: the replica, or the mean of the group replicas (GSSP)."""
         import ray
 
+        if self.collective:  # every rank holds the same replica
+            params, buffers = ray.get(self.workers[0].state.remote())
+            return torch.from_numpy(np.array(params)), torch.from_numpy(np.array(buffers))
         states = ray.get([s.state.remote() for s in self.servers])
         params = [torch.from_numpy(np.array(p)) for p, _ in states]
         buffers = [torch.from_numpy(np.array(b)) for _, b in states]
@@ -307,8 +311,9 @@ class RayBackend(ActorSetup, Membership, Recovery):
             return
         self.elapsed = self.now()
         self.stop_reason = self.stop_reason or "interrupted"
-        steps = (self._stop_actors, lambda: self._drain(wait_s=5.0), self._collect_dataplane, self._final_evaluation,
-                 self._final_checkpoint)
+        # two drains: the first collects the requests already in flight, the second what came after them
+        steps = (self._stop_actors, lambda: self._drain(wait_s=5.0), lambda: self._drain(wait_s=5.0),
+                 self._collect_dataplane, self._final_evaluation, self._final_checkpoint)
         for step in steps:
             try:
                 step()
@@ -337,7 +342,7 @@ class RayBackend(ActorSetup, Membership, Recovery):
         running = set(self._run_refs.values())
         reusable = {h._actor_id for w, h in self.workers.items() if w in self.alive and w not in running}
         reusable |= {h._actor_id for h in [*self.servers, *self.spares]}
-        pooling = ActorPool.enabled and self.where == "existing" and self.started
+        pooling = ActorPool.enabled and self.where == "existing" and self.started and not self.collective
         for handle in [*self.workers.values(), *self.servers, *self.spares, *self.switches.values()]:
             if pooling and handle._actor_id in reusable:
                 ActorPool.give(self._keys[handle._actor_id], handle)

@@ -23,7 +23,9 @@ class Recovery:
 
         w = self._run_refs.pop(ref)
         try:
-            ray.get(ref)
+            if ray.get(ref) == "budget":  # an all-reduce rank ran its share of run.max_iterations, as all do
+                self.stop_reason = self.stop_reason or "iteration_budget"
+                return
             error = "worker loop ended"
         except ray.exceptions.RayError as err:
             error = first_line(err)
@@ -36,7 +38,7 @@ class Recovery:
 
         self.alive.discard(w)
         self._drains.pop(w, None)
-        if self.plan is not None:  # its switch and the server wait for its fragments: the round cannot finish
+        if self.plan is not None or self.collective:  # the round (a switch's, or the all-reduce) cannot finish
             self.failures.append({"t": round(self.now(), 6), "worker": w, "error": error, "restarted": False})
             self.recorder.event("worker_failed", t=self.now(), worker=w, error=error, restarted=False)
             self.dead.add(w)
@@ -72,8 +74,9 @@ class Recovery:
             self.recorder.event("worker_restarted", t=self.now(), worker=w, restarts=self.restarts[w])
 
     def _ckpt_period(self) -> float:
+        """Seconds between checkpoints (inf: none; all-reduce groups have no server to save yet)."""
         every = self.cfg.backend.checkpoint_every_s
-        return every if every > 0 and self.out is not None else math.inf
+        return every if every > 0 and self.out is not None and not self.collective else math.inf
 
     def _checkpoint(self) -> None:
         """Every group server saves its replica and optimizer; then the run state commits the set."""

@@ -86,6 +86,9 @@ def validate(cfg: Config) -> None:
     if cfg.network.aggregation == "ina" and cfg.backend.max_restarts > 0:
         raise ConfigError("backend.max_restarts: a restarted worker cannot rejoin an in-network aggregation round; "
                           "use 0 (a failed worker then ends the run)")
+    if cfg.sync.intra_group == "allreduce" and cfg.backend.max_restarts > 0:
+        raise ConfigError("backend.max_restarts: a restarted worker cannot rejoin an all-reduce group yet; "
+                          "use 0 (a failed worker then ends the run)")
     address = cfg.backend.address
     if address and address.startswith("ray://"):
         try:
@@ -98,6 +101,8 @@ def check_resume(cfg: Config, run_dir: Path) -> None:
     """Fail early (exit 2) if ``run_dir`` holds no usable checkpoint for this config."""
     if cfg.backend.name != "ray":
         raise ConfigError("--resume: checkpoints are written by the ray backend only; add --backend ray")
+    if cfg.sync.intra_group == "allreduce":
+        raise ConfigError("--resume: all-reduce groups write no checkpoints yet; use sync.intra_group = \"server\"")
     _, state = checkpoint.latest(run_dir / "checkpoint")
     if state.get("scheme") != cfg.sync.scheme or state.get("workers") != cfg.cluster.workers:
         raise ConfigError(

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from shoal.backends.ray_collective import CollectiveWorker
 from shoal.backends.local_model import aggregation_schedule, outer_step, uses_local_models
 from shoal.backends.ray_server import GroupServer
 from shoal.backends.ray_session import ActorPool
@@ -33,6 +34,8 @@ class ActorSetup:
 
     def _cpus_needed(self) -> float:
         b = self.cfg.backend
+        if self.collective:
+            return self.n * b.cpus_per_worker
         return self.n * b.cpus_per_worker + (1 + self._predicted_spares()) * b.cpus_per_server
 
     def _predicted_spares(self) -> int:
@@ -103,6 +106,9 @@ class ActorSetup:
 
         self._check_resources()
         self._put_shards()
+        if self.collective:
+            self._start_collective()
+            return
         resumed = self._load_resume() if self.resume is not None else None
         policies = self._initial_policies(resumed)
         self.servers = [self._server_actor(i) for i in range(len(policies))]
@@ -113,8 +119,19 @@ class ActorSetup:
         self._install_servers(policies, resumed)
         if self.plan is not None:
             self._start_switches()
+        self._wait_ready(self.servers + self.spares + list(self.switches.values()))
+        self.t0 = time.time() - self.offset
+        ray.get([s.set_peers.remote(self.servers, self.t0) for s in self.servers])
+        for w in range(self.n):
+            self._launch(w)
+        self.started = True
+
+    def _wait_ready(self, others: list[Any]) -> None:
+        """Every worker and ``others`` answered a ping (workers report their pid and device)."""
+        import ray
+
         pings = {self.workers[w].ping.remote(): w for w in range(self.n)}
-        pings |= {s.ping.remote(): -1 for s in self.servers + self.spares + list(self.switches.values())}
+        pings |= {s.ping.remote(): -1 for s in others}
         ready, pending = ray.wait(list(pings), num_returns=len(pings), timeout=STARTUP_TIMEOUT_S)
         if pending:
             raise RuntimeError(f"{len(pending)} Ray actors were not placed within {STARTUP_TIMEOUT_S:.0f} s "
@@ -123,10 +140,29 @@ class ActorSetup:
             if pings[ref] >= 0:
                 info = ray.get(ref)
                 self.pids[pings[ref]], self.devices[pings[ref]] = info["pid"], info["device"]
-        self.t0 = time.time() - self.offset
-        ray.get([s.set_peers.remote(self.servers, self.t0) for s in self.servers])
+
+    def _start_collective(self) -> None:
+        """BSP on all-reduce: one CollectiveWorker per worker, one process group, no server (ray_collective)."""
+        import ray
+
+        params, buffers = self.setup.engine.initial_state()
+        p_ref, b_ref = ray.put(params.numpy()), ray.put(buffers.numpy())
+        b = self.cfg.backend
+        options = {"num_cpus": b.cpus_per_worker, "num_gpus": b.gpus_per_worker, "max_concurrency": 8}
         for w in range(self.n):
-            self._launch(w)
+            x, y = self._shards[w]
+            args = (w, self.cfg, x, y, self.setup.dataset.num_classes, self.speeds[w], self.profile.compute_s,
+                    self.setup.n_train, p_ref, b_ref)
+            self.workers[w] = ray.remote(CollectiveWorker).options(**options).remote(*args)
+        self._wait_ready([])
+        local = not b.address
+        init_method = ray.get(self.workers[0].rendezvous.remote(local))
+        ray.get([self.workers[w].join.remote(init_method, self.n, local) for w in range(self.n)],
+                timeout=STARTUP_TIMEOUT_S)
+        self.t0 = time.time() - self.offset
+        for w in range(self.n):
+            self.alive.add(w)
+            self._run_refs[self.workers[w].run.remote(self.t0)] = w
         self.started = True
 
     def _start_switches(self) -> None:

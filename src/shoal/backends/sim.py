@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import simpy
@@ -28,7 +29,7 @@ from shoal.compress.codec import DELTA_SALT, exchange_codec, server_optimizer, w
 from shoal.compress.similarity import SimilaritySchedule, similarity_summary
 from shoal.sync.localsgd import PeriodicSchedule
 from shoal.config import Config
-from shoal.engine.cost import SharedLink
+from shoal.engine.cost import SharedLink, ring_allreduce_bytes, ring_allreduce_time
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary, diverged
 from shoal.engine.replica import Replica
 from shoal.engine.setup import RunSetup
@@ -68,6 +69,10 @@ class SimBackend:
         self._switch_links = {s: SharedLink(self.env, bps) for s, bps in plan.switch_bps.items()} if plan else {}
         self._switch_streams: dict[tuple[str, int], list[Any]] = {}
         self.schedule = GDTopKSchedule.from_config(self.cfg.compression.gdtopk)
+        # BSP on all-reduce: a worker's push is its part of a ring all-reduce (its own link, no server)
+        self.allreduce = self.cfg.sync.intra_group == "allreduce"
+        self.ring_bytes = int(ring_allreduce_bytes(4 * setup.engine.num_params, n))
+        self.ring_s = ring_allreduce_time(4 * setup.engine.num_params, n, self.profile.link_bps, self.profile.latency_s)
         self.exchanges = 0
         self.bytes_exchange = 0.0
         self.stop = self.env.event()
@@ -141,6 +146,8 @@ class SimBackend:
             t1 = self.env.now
             pulled_version = server.version
             pulled = self._pull(w, server)
+            if self.allreduce:  # every worker holds the replica itself: nothing to download
+                pulled = replace(pulled, nbytes=0)
             if pulled.nbytes:  # a local step (local SGD between syncs) contacts nobody
                 yield self.env.timeout(profile.latency_s)
                 yield server.egress.transfer(pulled.nbytes, profile.link_bps)
@@ -151,7 +158,10 @@ class SimBackend:
             yield self.env.timeout(compute)
 
             t2 = self.env.now
-            if push.nbytes:
+            if self.allreduce:
+                push = replace(push, nbytes=self.ring_bytes)
+                yield self.env.timeout(self.ring_s)
+            elif push.nbytes:
                 yield self.env.timeout(profile.latency_s)
                 if self.setup.aggregation is None:
                     yield self.server_of(w).ingress.transfer(push.nbytes, profile.link_bps)
@@ -163,7 +173,7 @@ class SimBackend:
             target = self.server_of(w)  # a regroup may have moved this worker while it computed
             self._deliver(w, target, push, staleness=target.version - pulled_version if target is server else None,
                           waited=waited, compute=compute, pull_s=pull_s, push_s=push_s, loss=loss,
-                          down_bytes=pulled.nbytes)
+                          down_bytes=self.ring_bytes if self.allreduce else pulled.nbytes)
 
     def _deliver(self, w: int, server: SimServer, push: Push, *, staleness: int | None, waited: float,
                  compute: float, pull_s: float, push_s: float, loss: float | None, down_bytes: int) -> None:

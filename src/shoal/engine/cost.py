@@ -24,6 +24,22 @@ def transfer_time(nbytes: float, bandwidth_bps: float, latency_s: float = 0.0) -
     return latency_s + 8.0 * nbytes / bandwidth_bps
 
 
+def ring_allreduce_bytes(nbytes: float, workers: int) -> float:
+    """Bytes each worker sends (and receives) in a ring all-reduce of ``nbytes``: 2 (N - 1) / N of them."""
+    return 2.0 * (workers - 1) / workers * nbytes if workers > 1 else 0.0
+
+
+def ring_allreduce_time(nbytes: float, workers: int, link_bps: float, latency_s: float) -> float:
+    """Seconds of a ring all-reduce over links of ``link_bps``: a reduce-scatter then an all-gather.
+
+    Each of the 2 (N - 1) steps moves one N-th of the data over every
+    worker's link at once (no shared bottleneck) and pays one latency.
+    """
+    if workers <= 1:
+        return 0.0
+    return 2 * (workers - 1) * latency_s + 8.0 * ring_allreduce_bytes(nbytes, workers) / link_bps
+
+
 @dataclass
 class _FlowClass:
     """Flows with the same cap progress at the same rate, so they share one counter."""
