@@ -1,18 +1,28 @@
 """What the ray backend costs against PyTorch DDP, and what GSSP buys on emulated tiers.
 
-Part 1, overhead: LeNet-5 on mnist5k, batch 32, the same number of workers,
-BSP on shoal's ray backend with emulation off (real speeds) against
-PyTorch DistributedDataParallel (gloo over loopback, one process per worker,
-one torch thread each). Reports the per-iteration time of each (a BSP round
-for shoal, one synchronised step for DDP), their ratio, and where shoal's
-time goes (real compute, gate wait, transfer + RPC).
+Part 1, overhead, side by side in one run, repeated: for an MLP [1024, 1024]
+on mnist5k (1.9 M parameters) and ResNet-18 on CIFAR-shaped synthetic data
+(11.2 M), batch 32, on 2 and 4 workers (one torch thread each, emulation off:
+real speeds), each repetition measures in turn
+
+- PyTorch DistributedDataParallel (gloo over loopback, one process per rank),
+- shoal's BSP on the ray backend with ``sync.intra_group = "allreduce"``
+  (DDP inside the worker actors),
+- shoal's BSP through the parameter server (``"server"``, the old path),
+- a bare gloo all-reduce of the gradient's bytes (the communication floor),
+
+and reports medians over the repetitions of the per-iteration time (a BSP
+round for shoal, one synchronised step for DDP), the compute alone, the
+communication a round exposes (per-iteration time minus compute), and the
+ratios the roadmap asks for: shoal-allreduce / DDP, and its exposed
+communication / the bare all-reduce.
 
 Part 2, GSSP vs BSP: examples/mnist_tiers.toml (8 workers at 1/2/4/8x plus
 transient stragglers, emulated) on the ray backend, time to 94% test
 accuracy in wall seconds.
 
 Both parts share one embedded local Ray (127.0.0.1 only) with actor reuse.
-Usage: .venv/bin/python benchmarks/runtime_overhead.py [--quick]
+Usage: .venv/bin/python benchmarks/runtime_overhead.py [--quick] [--only overhead|tiers] [--reps 3]
 Writes benchmarks/results/runtime_overhead.{json,md}.
 """
 
@@ -24,6 +34,7 @@ import json
 import os
 import socket
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -32,10 +43,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TARGET = 0.94
-MODEL = ["model.name=lenet5", "data.name=mnist5k", "data.batch_size=32", "optimizer.lr=0.05", "optimizer.momentum=0.9"]
+COMMON = ["data.batch_size=32", "optimizer.lr=0.05", "optimizer.momentum=0.9"]
+WORKLOADS = {
+    "mlp": ["model.name=mlp", "model.hidden=[1024, 1024]", "data.name=mnist5k", *COMMON],
+    "resnet18": ["model.name=resnet18", "data.name=synthetic", *COMMON],
+}
+STEPS = {"mlp": 60, "resnet18": 8}  # measured iterations per run (after 3 warm-up ones)
+WARMUP = 3
 
 
-# -- DDP ----------------------------------------------------------------------------------------
+# -- DDP and the bare all-reduce -----------------------------------------------------------------
 
 
 def _free_port() -> int:
@@ -44,7 +61,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ddp_rank(rank: int, world: int, port: int, steps: int, warmup: int, out: str) -> None:
+def _ddp_rank(rank: int, world: int, port: int, steps: int, warmup: int, workload: list[str], out: str) -> None:
     """One DDP process: the same model, shard and batches as a shoal worker."""
     import torch
     import torch.distributed as dist
@@ -54,7 +71,7 @@ def _ddp_rank(rank: int, world: int, port: int, steps: int, warmup: int, out: st
     from shoal.engine.setup import build_setup
 
     torch.set_num_threads(1)
-    cfg = load_config(None, MODEL + [f"cluster.workers={world}"])
+    cfg = load_config(None, workload + [f"cluster.workers={world}"])
     setup = build_setup(cfg)  # seeds the model like shoal does
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     model = DistributedDataParallel(setup.engine.model)
@@ -89,18 +106,42 @@ def _ddp_rank(rank: int, world: int, port: int, steps: int, warmup: int, out: st
     dist.destroy_process_group()
 
 
-def run_ddp(workers: int, steps: int, warmup: int = 10) -> dict[str, Any]:
+def _allreduce_rank(rank: int, world: int, port: int, values: int, repeats: int, out: str) -> None:
+    """One rank of a bare gloo all-reduce of ``values`` float32 (the gradient's size), timed per call."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    tensor = torch.ones(values)
+    times = []
+    for _ in range(repeats + 2):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        times.append(time.perf_counter() - start)
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"allreduce_s": statistics.median(times[2:])}))
+    dist.destroy_process_group()
+
+
+def _spawn(fn: Any, world: int, *args: Any) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_ddp_rank, args=(workers, _free_port(), steps, warmup, tmp), nprocs=workers, join=True)
-        ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(workers)]
-    return {
-        "iteration_s": max(r["step_s"] for r in ranks),
-        "compute_s": statistics.mean(r["compute_s"] for r in ranks),
-        "steps": steps,
-    }
+        mp.spawn(fn, args=(world, _free_port(), *args, tmp), nprocs=world, join=True)
+        return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def run_ddp(workload: str, workers: int, steps: int) -> dict[str, Any]:
+    ranks = _spawn(_ddp_rank, workers, steps, WARMUP, WORKLOADS[workload])
+    return {"iteration_s": max(r["step_s"] for r in ranks),
+            "compute_s": statistics.mean(r["compute_s"] for r in ranks), "steps": steps}
+
+
+def run_bare_allreduce(values: int, workers: int, repeats: int = 10) -> float:
+    ranks = _spawn(_allreduce_rank, workers, values, repeats)
+    return max(r["allreduce_s"] for r in ranks)
 
 
 # -- shoal on Ray ---------------------------------------------------------------------------------
@@ -119,27 +160,78 @@ def _ray_run(overrides: list[str], path: Path | None = None) -> tuple[dict[str, 
     return summary, events
 
 
-def run_shoal_bsp(workers: int, rounds: int, warmup: int = 10) -> dict[str, Any]:
-    """BSP, emulation off: per-round time from the iteration records (after ``warmup`` rounds)."""
-    common = MODEL + [
-        f"cluster.workers={workers}", "cluster.emulate=false", "sync.scheme=bsp", "backend.name=ray",
-        f"backend.cpus_per_worker={1 / workers}", "backend.cpus_per_server=0.1", "backend.checkpoint_every_s=0",
-        "run.target_accuracy=0.999", "run.eval_every_s=1000", "run.max_time_s=600",
+def run_shoal_bsp(workload: str, workers: int, intra_group: str, rounds: int) -> dict[str, Any]:
+    """BSP, emulation off: per-round time from the iteration records (after the warm-up rounds)."""
+    common = WORKLOADS[workload] + [
+        f"cluster.workers={workers}", "cluster.emulate=false", "sync.scheme=bsp", f"sync.intra_group={intra_group}",
+        "backend.name=ray", f"backend.cpus_per_worker={1 / workers}", "backend.cpus_per_server=0.1",
+        "backend.checkpoint_every_s=0", "run.target_accuracy=0.999", "run.eval_every_s=100000",
+        "run.max_time_s=1200",
     ]
-    _ray_run(common + [f"run.max_iterations={2 * workers}"])  # start (or re-use) the actors
-    summary, events = _ray_run(common + [f"run.max_iterations={(rounds + warmup) * workers}"])
+    if intra_group == "server":
+        _ray_run(common + [f"run.max_iterations={2 * workers}"])  # start (or re-use) the actors
+    summary, events = _ray_run(common + [f"run.max_iterations={(rounds + WARMUP) * workers}"])
     its = sorted((e for e in events if e["event"] == "iteration"), key=lambda e: e["t"])
     by_clock: dict[int, float] = {}
     for e in its:
         by_clock[e["clock"]] = max(by_clock.get(e["clock"], 0.0), e["t"])  # a round ends with its last push
-    clocks = sorted(c for c in by_clock if c > warmup)
+    clocks = sorted(c for c in by_clock if c > WARMUP)
     per_round = (by_clock[clocks[-1]] - by_clock[clocks[0]]) / (len(clocks) - 1)
-    measured = [e for e in its if e["clock"] > warmup]
+    measured = [e for e in its if e["clock"] > WARMUP]
     mean = lambda key: statistics.mean(e[key] for e in measured)  # noqa: E731
     return {
         "iteration_s": per_round, "rounds": len(clocks) - 1, "compute_s": mean("compute_real_s"),
         "wait_s": mean("wait_s"), "comm_s": mean("comm_s"), "iterations": summary["iterations"],
+        "params": summary["params"],
     }
+
+
+def measure_overhead(reps: int, worker_counts: list[int], quick: bool, workloads: list[str]) -> list[dict[str, Any]]:
+    """Every (workload, workers) point: DDP, shoal all-reduce, shoal server, bare all-reduce, in turn, ``reps`` times."""
+    rows = []
+    for rep in range(reps):
+        for workload in workloads:
+            steps = max(4, STEPS[workload] // (3 if quick else 1))
+            for workers in worker_counts:
+                row: dict[str, Any] = {"workload": workload, "workers": workers, "rep": rep,
+                                       "load": round(os.getloadavg()[0], 2)}
+                row["ddp"] = run_ddp(workload, workers, steps)
+                row["shoal_allreduce"] = run_shoal_bsp(workload, workers, "allreduce", steps)
+                row["shoal_server"] = run_shoal_bsp(workload, workers, "server", steps)
+                row["bare_allreduce_s"] = run_bare_allreduce(row["shoal_allreduce"]["params"], workers)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Medians over the repetitions per (workload, workers), and the ratios."""
+    out = []
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        for workers in dict.fromkeys(r["workers"] for r in rows):
+            mine = [r for r in rows if r["workload"] == workload and r["workers"] == workers]
+            if not mine:
+                continue
+            med = lambda f: statistics.median(f(r) for r in mine)  # noqa: E731
+            exposed = lambda r, k: max(r[k]["iteration_s"] - r[k]["compute_s"], 0.0)  # noqa: E731
+            point = {
+                "workload": workload, "workers": workers, "reps": len(mine), "params": mine[0]["shoal_allreduce"]["params"],
+                "ddp_s": med(lambda r: r["ddp"]["iteration_s"]),
+                "ddp_compute_s": med(lambda r: r["ddp"]["compute_s"]),
+                "allreduce_s": med(lambda r: r["shoal_allreduce"]["iteration_s"]),
+                "allreduce_compute_s": med(lambda r: r["shoal_allreduce"]["compute_s"]),
+                "server_s": med(lambda r: r["shoal_server"]["iteration_s"]),
+                "bare_allreduce_s": med(lambda r: r["bare_allreduce_s"]),
+                "ddp_exposed_comm_s": med(lambda r: exposed(r, "ddp")),
+                "allreduce_exposed_comm_s": med(lambda r: exposed(r, "shoal_allreduce")),
+                "allreduce_over_ddp": med(lambda r: r["shoal_allreduce"]["iteration_s"] / r["ddp"]["iteration_s"]),
+                "server_over_ddp": med(lambda r: r["shoal_server"]["iteration_s"] / r["ddp"]["iteration_s"]),
+                "allreduce_ratios": [round(r["shoal_allreduce"]["iteration_s"] / r["ddp"]["iteration_s"], 3)
+                                     for r in mine],
+            }
+            point["exposed_comm_over_bare"] = point["allreduce_exposed_comm_s"] / point["bare_allreduce_s"]
+            out.append(point)
+    return out
 
 
 def run_tiers(scheme: str, budget_s: float) -> dict[str, Any]:
@@ -162,95 +254,76 @@ def run_tiers(scheme: str, budget_s: float) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    o, t = result["overhead"], result["tiers"]
-    s, d = o["shoal_bsp"], o["ddp"]
+    points, t = result["overhead"]["points"], result["tiers"]
+    ms = lambda v: f"{1e3 * v:.1f}"  # noqa: E731
     lines = [
         "# Ray backend: runtime overhead and GSSP on emulated tiers", "",
-        f"Machine: {result['machine']['cpus']} cores shared with other jobs; load average before the overhead part "
+        f"Machine: {result['machine']['cpus']} cores; load average before the overhead part "
         f"{result['machine']['load_overhead']}, before the tiers part {result['machine']['load_tiers']}. "
-        f"Command: `{result['command']}`.", "",
-        f"## shoal BSP (ray) vs PyTorch DDP (gloo, loopback): LeNet-5, batch 32, {o['workers']} workers", "",
-        "| | per-iteration s | compute s | wait s | transfer + RPC s |", "|---|---:|---:|---:|---:|",
-        f"| shoal ray BSP | {s['iteration_s']:.4f} | {s['compute_s']:.4f} | {s['wait_s']:.4f} | {s['comm_s']:.4f} |",
-        f"| DDP gloo | {d['iteration_s']:.4f} | {d['compute_s']:.4f} | | {d['iteration_s'] - d['compute_s']:.4f} |",
-        "", f"**shoal-BSP / DDP per-iteration time: {o['ratio']:.2f}x**", "",
-        "## GSSP vs BSP on the ray backend, examples/mnist_tiers.toml (emulated 1/2/4/8x tiers + stragglers)", "",
-        "| scheme | time to 94% (wall s) | final accuracy | iterations | fastest / slowest worker iterations |",
-        "|---|---:|---:|---:|---:|",
+        f"Commit `{result['git_commit'][:10]}`; command: `{result['command']}`.", "",
+        "## BSP per iteration: shoal on all-reduce, shoal through the server, PyTorch DDP (gloo, loopback)", "",
+        f"Batch 32, one torch thread per rank, emulation off; medians over {result['overhead']['reps']} repetitions, "
+        "each running the four measurements in turn (ms; exposed communication = per-iteration time minus "
+        "compute alone; bare all-reduce = one gloo all-reduce of the gradient's bytes).", "",
+        "| workload | workers | DDP | shoal all-reduce | shoal server | all-reduce / DDP (per rep) | server / DDP "
+        "| compute (DDP / shoal) | exposed comm (DDP / shoal) | bare all-reduce | shoal exposed / bare |",
+        "|---|---:|---:|---:|---:|---|---:|---|---|---:|---:|",
     ]
+    for p in points:
+        lines.append(
+            f"| {p['workload']} ({p['params'] / 1e6:.1f} M) | {p['workers']} | {ms(p['ddp_s'])} | {ms(p['allreduce_s'])} "
+            f"| {ms(p['server_s'])} | {p['allreduce_over_ddp']:.2f}x ({', '.join(f'{r:.2f}' for r in p['allreduce_ratios'])}) "
+            f"| {p['server_over_ddp']:.2f}x | {ms(p['ddp_compute_s'])} / {ms(p['allreduce_compute_s'])} "
+            f"| {ms(p['ddp_exposed_comm_s'])} / {ms(p['allreduce_exposed_comm_s'])} | {ms(p['bare_allreduce_s'])} "
+            f"| {p['exposed_comm_over_bare']:.2f}x |")
+    lines += ["", "## GSSP vs BSP on the ray backend, examples/mnist_tiers.toml (emulated 1/2/4/8x tiers + stragglers)",
+              "", "| scheme | time to 94% (wall s) | final accuracy | iterations | fastest / slowest worker iterations |",
+              "|---|---:|---:|---:|---:|"]
     for scheme, r in t.items():
         ttt = "never" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f}"
         lines.append(f"| {scheme} | {ttt} | {r['final_accuracy']:.3f} | {r['iterations']} | "
                      f"{r['fast_worker_iterations']} / {r['slow_worker_iterations']} |")
-    lines += ["", reading(result), "", NOTES]
+    lines += ["", NOTES]
     return "\n".join(lines) + "\n"
 
 
-def reading(result: dict[str, Any]) -> str:
-    """The measured breakdown in words (what this machine says)."""
-    o = result["overhead"]
-    s, d = o["shoal_bsp"], o["ddp"]
-    t = result["tiers"]
-    speedup = ""
-    if t.get("gssp", {}).get("time_to_target_s") and t.get("bsp", {}).get("time_to_target_s"):
-        speedup = (f" On the emulated tiers GSSP reaches 94% {t['bsp']['time_to_target_s'] / t['gssp']['time_to_target_s']:.1f}x "
-                   "sooner than BSP, in line with the simulator (docs/gssp.md).")
-    return (
-        "## Reading the numbers\n\n"
-        f"A shoal BSP round took {1e3 * s['iteration_s']:.1f} ms: {1e3 * s['compute_s']:.1f} ms of real compute, "
-        f"{1e3 * s['comm_s']:.1f} ms in the two actor calls (pull the parameters, push the gradient, including "
-        f"the server's apply) and {1e3 * s['wait_s']:.1f} ms at the barrier. A DDP step took "
-        f"{1e3 * d['iteration_s']:.1f} ms, of which {1e3 * d['compute_s']:.1f} ms is the same step without the "
-        f"all-reduce. On this machine both are CPU-bound: {o['workers']} processes share "
-        f"{result['machine']['cpus']} cores with other jobs, so DDP's compute is slow too (its ranks all compute at "
-        "once), while shoal's workers leave the cores to the server between calls. With a core per worker DDP "
-        "would approach compute + a short all-reduce, and the ratio would grow by the ~25 ms of actor calls per "
-        f"round.{speedup}"
-    )
+NOTES = """## Where the time goes
 
-
-NOTES = """## Where the time goes, and what would close the gap
-
-- A shoal BSP round is gate + pull + compute + push, in sequence: the worker
-  asks its group server for parameters (one actor call, the full parameter
-  vector back), computes, then sends the full gradient (a second call), and
-  the server applies the update before the barrier opens. DDP overlaps the
-  all-reduce with the backward pass and never ships parameters: every rank
-  keeps its own copy and applies the same averaged gradient.
-- Each actor call costs the Ray task path (serialisation, the core worker's
-  gRPC, scheduling on the async actor's event loop) on both ends; on a
-  2-core machine shared with other jobs the worker, server, raylet and driver
-  processes also compete for the cores, which shows up as "transfer + RPC".
-- The server is a single process that applies every gradient; with N workers
-  its apply time and its network link are on every round's critical path.
-
-What would close it (roughly in order of payoff): push the gradient and pull
-the next parameters in one call (halves the calls per iteration); send only
-the parameter change since the version the worker holds (or, for BSP, let
-workers apply the averaged gradient themselves, as DDP does); shard the
-server over tensors so the apply and the link scale with servers; use Ray's
-collective all-reduce (or NCCL/gloo groups created on the actors) for BSP
-inside a group, keeping the parameter-server path for the asynchronous
-schemes that need it.
+- shoal all-reduce (`sync.intra_group = "allreduce"`): each worker actor
+  wraps its module in DDP inside one torch.distributed group, so the round
+  is DDP's plus the actor's own bookkeeping: one extra one-value all-reduce
+  (the agreed stop flag, overlapped with the forward pass) and an iteration
+  record. Its compute column is a no-sync forward + backward measured at
+  start-up; DDP's is the same step without the all-reduce, measured in turn.
+- shoal server (`"server"`): gate + pull + compute + push in sequence; the
+  worker asks its server for the full parameter vector (one actor call),
+  computes, then ships the full gradient (a second call), and the server
+  applies the update before the barrier opens.
+- All ranks share the machine's cores: with more ranks than cores, compute
+  and the all-reduce's own threads compete, so exposed communication here
+  is an upper bound of what a core per rank would show.
 """
+
+
+def provenance() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"git_commit": git("rev-parse", "HEAD"),
+            "dirty_tree": bool(git("status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks/*.py"))}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter tier runs")
-    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="fewer steps, one repetition, 2 workers, shorter tier runs")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of " + ", ".join(WORKLOADS))
     parser.add_argument("--only", choices=["overhead", "tiers"], help="run one part; the other comes from the last results")
     args = parser.parse_args()
     previous = json.loads((RESULTS / "runtime_overhead.json").read_text()) if args.only else {}
-    rounds = 40 if args.quick else 150
+    reps, counts = (1, [2]) if args.quick else (args.reps, [2, 4])
     budget = 60.0 if args.quick else 180.0
     load = os.getloadavg()[0]
-
-    if args.only == "tiers":
-        ddp = previous["overhead"]["ddp"]
-    else:
-        ddp = run_ddp(args.workers, rounds)
-    print(f"ddp: {ddp}", flush=True)
 
     import ray
 
@@ -259,8 +332,11 @@ def main() -> None:
     start_local_ray(16)  # logical CPUs: the actors' requests must fit; the real cores are shared
     ActorPool.enabled = True
     try:
-        shoal = previous["overhead"]["shoal_bsp"] if args.only == "tiers" else run_shoal_bsp(args.workers, rounds)
-        print(f"shoal bsp: {shoal}", flush=True)
+        if args.only == "tiers":
+            overhead = previous["overhead"]
+        else:
+            rows = measure_overhead(reps, counts, args.quick, args.workloads.split(","))
+            overhead = {"reps": reps, "rows": rows, "points": summarise(rows)}
         ActorPool.clear()
         if args.only == "overhead":
             tiers = previous["tiers"]
@@ -272,15 +348,16 @@ def main() -> None:
         ray.shutdown()
 
     result = {
-        "command": "python benchmarks/runtime_overhead.py" + (" --quick" if args.quick else "")
-                   + (f" --only {args.only}" if args.only else ""),
+        **provenance(),
+        "command": ".venv/bin/python benchmarks/runtime_overhead.py" + (" --quick" if args.quick else "")
+                   + (f" --only {args.only}" if args.only else "") + (f" --reps {args.reps}" if args.reps != 3 else "")
+                   + (f" --workloads {args.workloads}" if args.workloads != ",".join(WORKLOADS) else ""),
         "machine": {
             "cpus": os.cpu_count(),
             "load_overhead": previous["machine"]["load_overhead"] if args.only == "tiers" else round(load, 2),
             "load_tiers": previous["machine"]["load_tiers"] if args.only == "overhead" else round(load, 2),
         },
-        "overhead": {"workers": args.workers, "model": "lenet5", "batch": 32, "shoal_bsp": shoal, "ddp": ddp,
-                     "ratio": shoal["iteration_s"] / ddp["iteration_s"]},
+        "overhead": overhead,
         "tiers": tiers,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)

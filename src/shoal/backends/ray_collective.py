@@ -12,9 +12,10 @@ them). The learning rate follows ``optimizer.lr_decay_epochs`` from the
 iteration count, which is the same on every rank, so it changes at the same
 step everywhere.
 
-Stopping is agreed: every iteration all-reduces a one-value stop flag
-(MAX) on a second gloo group, started before the forward pass and awaited
-after the step, so all ranks leave after the same iteration.
+Stopping is agreed: every few iterations (about 50 ms of compute, the
+same period on every rank) the ranks all-reduce a one-value stop flag (MAX)
+on a second gloo group, started before the forward pass and awaited after
+the step, so all ranks leave after the same iteration.
 
 Emulation (``cluster.emulate``) pads as the server path does: before the
 forward pass up to the profile's compute time, after the step up to a ring
@@ -45,6 +46,7 @@ from shoal.engine.cost import ring_allreduce_bytes, ring_allreduce_time
 from shoal.engine.setup import build_engine
 
 JOIN_TIMEOUT = timedelta(seconds=60)
+STOP_CHECK_S = 0.05  # compute seconds between two agreements on stopping
 
 
 class CollectiveWorker:
@@ -112,6 +114,10 @@ class CollectiveWorker:
         self.optimizer = torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay) \
             if opt.name == "sgd" else torch.optim.Adam(params, lr=opt.lr, weight_decay=opt.weight_decay)
         self.real_compute_s = self._measure_compute()
+        # how often the stop flag is agreed: about every STOP_CHECK_S of compute, the same period on every rank
+        period = torch.tensor([max(1, min(64, int(STOP_CHECK_S / max(self.real_compute_s, 1e-6))))])
+        dist.all_reduce(period, op=dist.ReduceOp.MIN, group=self.control)
+        self.stop_every = int(period.item())
         return self.real_compute_s
 
     def _measure_compute(self, repeats: int = 3) -> float:
@@ -163,8 +169,10 @@ class CollectiveWorker:
         if self._fail_next:
             raise RuntimeError(f"worker {self.w}: injected failure")
         c, n = self.cfg.cluster, self.cfg.cluster.workers
-        flag = torch.tensor([1.0 if self._stopping else 0.0])
-        agreed = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control, async_op=True)
+        flag, agreed = None, None
+        if self.iterations % self.stop_every == 0:
+            flag = torch.tensor([1.0 if self._stopping else 0.0])
+            agreed = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control, async_op=True)
         x, y = self.stream.next()
         x, y = x.to(self.device), y.to(self.device)
         target = self.compute_s * self.speed * self.stragglers.factor(self.w)
@@ -186,7 +194,8 @@ class CollectiveWorker:
             sync = ring
         self._least_sync = min(self._least_sync, sync)
         comm = min(sync, max(ring, self._least_sync))
-        agreed.wait()
+        if agreed is not None:
+            agreed.wait()
         sent = int(ring_allreduce_bytes(nbytes, n))
         self._records.append({
             "t": round(time.time() - t0, 6), "worker": self.w, "server": 0, "clock": self.iterations, "staleness": 0,
@@ -195,7 +204,7 @@ class CollectiveWorker:
             "comm_s": round(comm, 6), "pull_s": 0.0, "loss": round(float(loss.detach()), 6),
             "bytes_up": sent, "bytes_down": sent,
         })
-        return flag.item() == 0.0
+        return flag is None or flag.item() == 0.0
 
     def _set_lr(self) -> None:
         """The decayed learning rate at this step: from the iteration count, the same on every rank."""
