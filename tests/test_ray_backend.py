@@ -30,7 +30,7 @@ from shoal.backends import checkpoint  # noqa: E402
 from shoal.backends.ray import DRAIN_S, RayBackend  # noqa: E402
 from shoal.backends.ray_session import ActorPool, start_local_ray  # noqa: E402
 from shoal.backends.ray_server import GroupServer  # noqa: E402
-from shoal.backends.ray_wire import Link  # noqa: E402
+from shoal.backends.ray_wire import Link, actor_device, actor_threads  # noqa: E402
 from shoal.backends.ray_switch import SERVER, ServerSide, worker_name  # noqa: E402
 from shoal.backends.sim import SimBackend  # noqa: E402
 from shoal.config import ConfigError, load_config  # noqa: E402
@@ -336,6 +336,12 @@ def test_ray_rejects_what_it_does_not_run(tmp_path):
         train(ray_config("network.aggregation=\"ina\"", "backend.max_restarts=1"), tmp_path / "r")
     with pytest.raises(ConfigError, match="backend.max_restarts"):
         train(ray_config("sync.intra_group=allreduce", "backend.max_restarts=1"), tmp_path / "r")
+    if not torch.cuda.is_available():  # a GPU asked for where torch has none: an error, not a CPU run
+        with pytest.raises(ConfigError, match="sees no CUDA device"):
+            train(ray_config("backend.gpus_per_worker=1"), tmp_path / "r")
+        with pytest.raises(RuntimeError, match="no CUDA device"):
+            actor_device(0.5)
+    assert actor_threads(0.25) == 1 and actor_threads(4) == 4
     assert not (tmp_path / "r").exists()
 
 

@@ -280,6 +280,7 @@ class RayBackend(ActorSetup, Membership, Recovery):
     def run(self) -> dict[str, Any]:
         """Train until a stopping rule fires (or Ctrl-C / SIGTERM); return the summary record."""
         wall_start = time.perf_counter()
+        self._status("starting Ray" if not self.cfg.backend.address else f"joining Ray at {self.cfg.backend.address}")
         with ray_session(self.cfg.backend, self._cpus_needed(), plugin_folders(self.cfg)) as where, \
                 sigterm_as_interrupt():
             self.where = where

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shoal.backends.ray_wire import quiet_readonly_numpy
+from shoal.backends.ray_wire import actor_device, actor_threads, quiet_readonly_numpy
 from shoal.cluster import StragglerModel
 from shoal.config import Config
 from shoal.data import BatchStream, Dataset
@@ -55,10 +55,9 @@ class CollectiveWorker:
     def __init__(self, worker: int, cfg: Config, x: np.ndarray, y: np.ndarray, num_classes: int, speed: float,
                  compute_s: float, n_train: int, params: np.ndarray, buffers: np.ndarray) -> None:
         quiet_readonly_numpy()
-        torch.set_num_threads(cfg.backend.torch_threads)
+        torch.set_num_threads(actor_threads(cfg.backend.cpus_per_worker))
         self.w, self.cfg, self.speed, self.compute_s, self.n_train = worker, cfg, speed, compute_s, n_train
-        self.device = torch.device("cuda") if cfg.backend.gpus_per_worker > 0 and torch.cuda.is_available() \
-            else torch.device("cpu")
+        self.device = actor_device(cfg.backend.gpus_per_worker)
         shard = Dataset("shard", torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y)),
                         torch.empty(0), torch.empty(0, dtype=torch.long), num_classes)
         self.engine = build_engine(cfg, shard.input_shape, num_classes)

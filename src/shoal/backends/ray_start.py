@@ -16,7 +16,7 @@ from shoal.backends.ray_collective import CollectiveWorker
 from shoal.backends.local_model import aggregation_schedule, outer_step, uses_local_models
 from shoal.backends.ray_server import GroupServer
 from shoal.backends.ray_session import ActorPool
-from shoal.backends.ray_wire import Link
+from shoal.backends.ray_wire import Link, actor_threads
 from shoal.backends.ray_worker import Worker
 from shoal.backends.ray_switch import SERVER, SwitchActor, worker_name
 from shoal.cluster.grouping import choose_groups
@@ -53,8 +53,8 @@ class ActorSetup:
     def _server_actor(self, index: int) -> Any:
         c, b = self.cfg.cluster, self.cfg.backend
         peer_link = Link(c.latency_ms / 1e3, c.server_gbps * 1e9, c.emulate)
-        args = (index, server_optimizer(self.cfg.compression, self.cfg.optimizer), 1.0 / self.n, self.cfg.sync.exchange_every, peer_link, b.torch_threads,
-                outer_step(self.cfg))
+        args = (index, server_optimizer(self.cfg.compression, self.cfg.optimizer), 1.0 / self.n,
+                self.cfg.sync.exchange_every, peer_link, actor_threads(b.cpus_per_server), outer_step(self.cfg))
         return self._actor(GroupServer, {"num_cpus": b.cpus_per_server, "max_concurrency": 10_000}, args)
 
     def _worker_actor(self, w: int) -> Any:
@@ -132,14 +132,23 @@ class ActorSetup:
 
         pings = {self.workers[w].ping.remote(): w for w in range(self.n)}
         pings |= {s.ping.remote(): -1 for s in others}
-        ready, pending = ray.wait(list(pings), num_returns=len(pings), timeout=STARTUP_TIMEOUT_S)
+        pending, deadline = list(pings), time.monotonic() + STARTUP_TIMEOUT_S
+        while pending and time.monotonic() < deadline:
+            self._status(f"starting actors: {len(pings) - len(pending)}/{len(pings)} ready")
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+            for ref in ready:
+                if pings[ref] >= 0:
+                    info = ray.get(ref)
+                    self.pids[pings[ref]], self.devices[pings[ref]] = info["pid"], info["device"]
         if pending:
             raise RuntimeError(f"{len(pending)} Ray actors were not placed within {STARTUP_TIMEOUT_S:.0f} s "
                                f"(resources: {ray.available_resources()})")
-        for ref in ready:
-            if pings[ref] >= 0:
-                info = ray.get(ref)
-                self.pids[pings[ref]], self.devices[pings[ref]] = info["pid"], info["device"]
+
+    def _status(self, text: str) -> None:
+        """What start-up is doing, for the progress display."""
+        if self.progress is not None:  # a full tick, so callbacks that read t and iterations keep working
+            self.progress({"t": self.offset, "iterations": self.recorder.iterations, "accuracy": None,
+                           "status": text})
 
     def _start_collective(self) -> None:
         """BSP on all-reduce: one CollectiveWorker per worker, one process group, no server (ray_collective)."""
@@ -156,6 +165,7 @@ class ActorSetup:
             self.workers[w] = ray.remote(CollectiveWorker).options(**options).remote(*args)
         self._wait_ready([])
         local = not b.address
+        self._status(f"joining {self.n} workers into one all-reduce group")
         init_method = ray.get(self.workers[0].rendezvous.remote(local))
         ray.get([self.workers[w].join.remote(init_method, self.n, local) for w in range(self.n)],
                 timeout=STARTUP_TIMEOUT_S)

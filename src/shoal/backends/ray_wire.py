@@ -50,3 +50,20 @@ class Link:
     def seconds(self, nbytes: float) -> float:
         """Nothing to send (a local step of local SGD) costs nothing, as in the sim's cost model."""
         return self.latency_s + 8.0 * nbytes / self.bps if self.emulate and nbytes else 0.0
+
+
+def actor_threads(cpus: float) -> int:
+    """Torch intra-op threads of an actor: the whole CPUs it reserved, at least one."""
+    return max(1, int(cpus))
+
+
+def actor_device(gpus: float) -> "torch.device":
+    """CUDA when the actor reserved a GPU; an error, not a silent CPU fallback, when its torch has none."""
+    import torch
+
+    if gpus <= 0:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"backend.gpus_per_worker = {gpus:g}, but torch in this worker has no CUDA device "
+                           f"(torch {torch.__version__}); use 0 or a CUDA build of torch")
+    return torch.device("cuda")

@@ -24,7 +24,9 @@ import torch
 
 from shoal.backends.local_model import LocalModel, uses_local_models
 from shoal.backends.ray_switch import WorkerSide
-from shoal.backends.ray_wire import MOVED, STOP, Link, as_tensor, pack, quiet_readonly_numpy, unpack
+from shoal.backends.ray_wire import (
+    MOVED, STOP, Link, actor_device, actor_threads, as_tensor, pack, quiet_readonly_numpy, unpack,
+)
 from shoal.cluster import StragglerModel
 from shoal.compress import GradientCodec
 from shoal.compress.codec import DELTA_SALT, worker_codec
@@ -48,11 +50,11 @@ class Worker:
     def __init__(self, worker: int, cfg: Config, x: np.ndarray, y: np.ndarray, num_classes: int, speed: float,
                  compute_s: float, download_bytes: int, density: float) -> None:
         quiet_readonly_numpy()
-        torch.set_num_threads(cfg.backend.torch_threads)
+        torch.set_num_threads(actor_threads(cfg.backend.cpus_per_worker))
         torch.manual_seed(cfg.run.seed)
         self.w, self.cfg, self.speed, self.compute_s = worker, cfg, speed, compute_s
         self.download_bytes, self.density = download_bytes, density
-        self.device = self._device(cfg.backend.gpus_per_worker)
+        self.device = actor_device(cfg.backend.gpus_per_worker)
         shard = Dataset("shard", torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y)),
                         torch.empty(0), torch.empty(0, dtype=torch.long), num_classes)
         self.engine = build_engine(cfg, shard.input_shape, num_classes)
@@ -86,10 +88,6 @@ class Worker:
         params, buffers = self.engine.initial_state()
         batch = min(len(shard.y_train), self.cfg.data.batch_size)
         self.engine.gradient(params, buffers, shard.x_train[:batch].to(self.device), shard.y_train[:batch].to(self.device))
-
-    @staticmethod
-    def _device(gpus: float) -> torch.device:
-        return torch.device("cuda") if gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
 
     def _codec(self, salt: int = 0) -> GradientCodec | None:
         opt = self.cfg.optimizer if salt == 0 else None  # gradients (not SIM's local changes) get DGC's momentum

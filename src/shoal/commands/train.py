@@ -9,10 +9,9 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from shoal.commands.common import user_errors_exit_2
+from shoal.commands.progress import TrainProgress, worker_table
 from shoal.config import load_config
 
 console = Console(stderr=True)
@@ -38,7 +37,7 @@ def train(
     cfg = load_config(config, overrides)
     from shoal.runner import train as run_training  # heavy (torch): only once the config is valid
     out = out or resume or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
-    with _progress(quiet, cfg.run.max_time_s) as update:
+    with TrainProgress(console, quiet, cfg.run.max_time_s, cfg.run.max_iterations) as update:
         summary = run_training(cfg, out, overwrite=overwrite, progress=update, resume=resume)
     if not quiet:
         _print_summary(summary, out)
@@ -46,52 +45,15 @@ def train(
         raise typer.Exit(130)
 
 
-class _progress:
-    """A rich progress bar over the time budget, fed by the backend's ticks."""
-
-    def __init__(self, quiet: bool, budget_s: float) -> None:
-        self.quiet, self.budget = quiet, budget_s
-        self.bar = Progress(
-            TextColumn("[bold]training"), BarColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-            console=console, transient=True,
-        )
-
-    def __enter__(self) -> Any:
-        if self.quiet:
-            return None
-        self.bar.start()
-        self.task = self.bar.add_task("run", total=self.budget, info="")
-        return self.update
-
-    def update(self, tick: dict[str, Any]) -> None:
-        acc = tick.get("accuracy")
-        info = f"t={tick['t']:.1f}s  iters={tick['iterations']}" + (f"  acc={acc:.4f}" if acc is not None else "")
-        if tick.get("rates"):  # ray: iterations per second of each group
-            info += "  it/s " + "/".join(f"{r:g}" for r in tick["rates"])
-        if tick.get("failures"):
-            info += f"  failed={tick['failures']}"
-        self.bar.update(self.task, completed=min(tick["t"], self.budget), info=info)
-
-    def __exit__(self, *exc: Any) -> None:
-        if not self.quiet:
-            self.bar.stop()
-
-
 def _print_summary(summary: dict[str, Any], out: Path) -> None:
-    table = Table(title=f"shoal train: {summary['scheme']} on {summary['backend']} ({summary['stop_reason']})")
-    for col in ("worker", "group", "speed", "iterations", "compute s", "wait s", "comm s"):
-        table.add_column(col, justify="right")
-    for w in summary["per_worker"]:
-        table.add_row(str(w["id"]), str(w["group"]), f"{w['speed']:g}", str(w["iterations"]), f"{w['compute_s']:.2f}",
-                      f"{w['wait_s']:.2f}", f"{w['comm_s']:.2f}")
     out_console = Console()
-    out_console.print(table)
+    out_console.print(worker_table(summary))
     ttt = summary["time_to_target_s"]
     metric = summary.get("metric", "accuracy")
     final, best, target = (summary.get("final_metric"), summary.get("best_metric"), summary.get("target"))
     if metric == "accuracy":
         final, best = summary["final_accuracy"], summary["best_accuracy"]
-    fmt = (lambda v: "-" if v is None else f"{v:.4f}")  # noqa: E731
+    fmt = (lambda v: "not measured" if v is None else f"{v:.4f}")  # noqa: E731
     if target is None:
         reached = "no target"
     elif ttt is None:
