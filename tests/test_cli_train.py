@@ -149,3 +149,30 @@ def test_usage_errors_are_one_line_and_no_arguments_print_the_help():
         "error: No such option: --no-such-flag; see 'shoal train --help'"]
     bare = shoal()
     assert bare.returncode == 0 and "Commands:" in bare.stdout and "train" in bare.stdout
+
+
+def test_ctrl_c_on_sim_writes_the_summary_and_the_end_event(tmp_path):
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "r"
+    cmd = SHOAL + ["train", "--out", str(out), "-q", *_sets("run.max_time_s=100000", "run.target_accuracy=0.9999")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # metrics.jsonl is flushed per event: wait for some training
+            metrics = out / "metrics.jsonl"
+            if metrics.exists() and sum('"eval"' in line for line in metrics.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 130, proc.stderr.read()[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["iterations"] > 0
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "end" and events[-1]["reason"] == "interrupted"

@@ -391,6 +391,13 @@ def test_a_failed_rank_ends_an_allreduce_run_cleanly(ray_session):
     assert [f["worker"] for f in summary["failures"]] == [2] and summary["final_accuracy"] is not None
 
 
+def test_a_run_the_ray_cluster_cannot_hold_is_refused_and_leaves_nothing(ray_session, tmp_path):
+    with pytest.raises(ConfigError, match="request fractions of a CPU"):
+        train(ray_config("backend.cpus_per_worker=2"), tmp_path / "r")
+    assert not (tmp_path / "r").exists()  # so a corrected rerun into the same folder needs no --overwrite
+    assert train(ray_config("run.max_time_s=3"), tmp_path / "r")["iterations"] > 0
+
+
 # -- in-network aggregation: software switch actors ----------------------------------------------
 
 # A pinned plan (hosts, server host, programmable ToRs, capacity): switch e0.0 aggregates workers 0-2, worker 3

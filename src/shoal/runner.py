@@ -100,7 +100,15 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
     with open(out / "metrics.jsonl", "a" if in_place else "w") as stream:
         recorder = RunRecorder(stream=stream, log_iterations=cfg.backend.log_iterations, metric=cfg.task.metric,
                                higher_is_better=cfg.task.higher)
-        summary = run_backend(setup, recorder, progress, out=out, resume=resume)
+        try:
+            summary = run_backend(setup, recorder, progress, out=out, resume=resume)
+        except ConfigError:  # rejected while starting (e.g. the Ray cluster is too small): leave nothing behind
+            if not in_place:
+                stream.close()
+                for name in ("config.toml", "metrics.jsonl"):
+                    (out / name).unlink(missing_ok=True)
+                remove_dirs(created)
+            raise
     summary.update(recorder.metric_fields(cfg.target()))
     if setup.streams:
         summary["data_partition"] = setup.partition_summary()

@@ -471,9 +471,15 @@ class SimBackend:
             self.env.process(self._worker(w))
         for process in (self._budget(), self._clock(), self._speed_changes()):
             self.env.process(process)
-        self.env.run(until=self.stop)
-        if self.setup.train_mode and (not self.recorder.evals or self.recorder.evals[-1]["t"] < self.env.now):
-            self._evaluate()
+        try:
+            self.env.run(until=self.stop)
+        except KeyboardInterrupt:  # Ctrl-C: what was simulated so far is still a run, with its summary
+            self.stop_reason = "interrupted"
+        try:
+            if self.setup.train_mode and (not self.recorder.evals or self.recorder.evals[-1]["t"] < self.env.now):
+                self._evaluate()
+        except KeyboardInterrupt:  # a second Ctrl-C skips the final evaluation, not the summary
+            self.stop_reason = "interrupted"
         self.recorder.event("end", t=self.env.now, reason=self.stop_reason)
         return build_summary(
             recorder=self.recorder,
