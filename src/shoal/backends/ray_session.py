@@ -81,6 +81,11 @@ class ActorPool:
 
 def validate(cfg: Config) -> None:
     """Reject what the ray backend does not run, before anything is written."""
+    try:
+        import ray  # noqa: F401  (an optional extra)
+    except ImportError:
+        raise ConfigError("backend.name = \"ray\": Ray is not installed; pip install 'shoal[ray]' "
+                          "(make setup installs it)") from None
     if cfg.backend.mode != "train":
         raise ConfigError("backend.mode: cost mode is simulator-only; use backend.name = \"sim\"")
     if cfg.network.aggregation == "ina" and cfg.backend.max_restarts > 0:
