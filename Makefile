@@ -43,3 +43,4 @@ clean:
 .PHONY: docs
 docs: $(STAMP)
 	$(BIN)/python -m shoal.docgen --out docs/configuration.md
+	$(BIN)/python -m shoal.docgen --schema docs/shoal.schema.json

@@ -359,3 +359,16 @@ def _check_compare(cwd: Path, argv: list[str], where: str) -> None:
     for row in rows:
         assert {"speedup_vs_bsp", "time_to_target_s", "final_accuracy", "bytes_up"} <= set(row), f"{where}: {sorted(row)}"
         assert (folder / row["scheme"] / "summary.json").is_file(), f"{where}: no {out}/{row['scheme']}/summary.json"
+
+
+def test_the_json_schema_is_current_and_accepts_every_example():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema_file = DOCS / "shoal.schema.json"
+    assert schema_file.read_text() == docgen.json_schema(), f"docs/shoal.schema.json is stale; {REGENERATE}"
+    schema = json.loads(schema_file.read_text())
+    for example in sorted((ROOT / "examples").glob("*.toml")):
+        text = example.read_text()
+        assert text.startswith("#:schema ../docs/shoal.schema.json"), example  # editors find the schema
+        jsonschema.validate(tomllib.loads(text), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"run": {"max_time_s": 1, "no_such_key": 2}}, schema)

@@ -9,6 +9,7 @@ until the file is regenerated.
     python -m shoal.docgen > docs/configuration.md     # print the reference
     python -m shoal.docgen --out docs/configuration.md # write it
     python -m shoal.docgen --check                     # exit 1 if the file is stale
+    python -m shoal.docgen --schema docs/shoal.schema.json  # the JSON schema, for editor completion
 """
 
 from __future__ import annotations
@@ -429,6 +430,19 @@ def _anchor(section: str) -> str:
     return "".join(c for c in section.lower() if c.isalnum() or c in "-_ ").replace(" ", "-")
 
 
+# -- JSON schema for editors ------------------------------------------------------------
+
+SCHEMA_PATH = Path("docs/shoal.schema.json")
+
+
+def json_schema() -> str:
+    """The config's JSON schema (pydantic's), for TOML editors: `#:schema` (Taplo / Even Better TOML)."""
+    import json
+
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **Config.model_json_schema()}
+    return json.dumps(schema, indent=1, sort_keys=True) + "\n"
+
+
 # -- command line ---------------------------------------------------------------------
 
 
@@ -436,11 +450,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m shoal.docgen", description="Render the configuration reference (markdown).")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--out", type=Path, help="write the reference to this file instead of stdout")
+    group.add_argument("--schema", type=Path, metavar="FILE", help="write the config's JSON schema to FILE")
     group.add_argument(
         "--check", nargs="?", const=DEFAULT_PATH, type=Path, metavar="FILE",
         help=f"exit 1 if FILE (default {DEFAULT_PATH}) differs from what would be generated",
     )
     args = parser.parse_args(argv)
+    if args.schema is not None:
+        args.schema.parent.mkdir(parents=True, exist_ok=True)
+        args.schema.write_text(json_schema())
+        return 0
     text = render()
     if args.check is not None:
         current = args.check.read_text() if args.check.is_file() else None
