@@ -165,3 +165,23 @@ def test_console_script_json_is_clean_stdout() -> None:
     assert set(json.loads(proc.stdout)["results"]) == {"rgria", "grid"}
     bad = subprocess.run([str(shoal), "route", "--topology", "fattree:k=3"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --topology: fattree k must be an even integer >= 2, got 3"]
+
+
+def test_a_narrow_terminal_gets_the_table_with_algorithms_as_columns():
+    import io
+
+    from rich.console import Console
+
+    from shoal.commands.route import _print_table
+    from shoal.network import build_instance, parse_topology_spec, solve
+
+    inst = build_instance(parse_topology_spec("fattree:k=4"), seed=0)
+    results = [solve(inst, algo) for algo in ("grid", "atp")]
+    for width, transposed in ((80, True), (200, False)):
+        out = io.StringIO()
+        _print_table(inst, results, Console(file=out, width=width, force_terminal=False))
+        lines = out.getvalue().splitlines()
+        assert max(len(line) for line in lines) <= width
+        header = next(line for line in lines if "grid" in line or "algorithm" in line)
+        assert ("grid" in header and "atp" in header) == transposed, header
+        assert "…" not in out.getvalue()  # nothing is cut

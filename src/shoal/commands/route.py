@@ -14,6 +14,8 @@ from shoal.commands.common import user_errors_exit_2
 from shoal.config import ConfigError
 
 if TYPE_CHECKING:  # the network package (numpy, scipy, highspy) loads only when the command runs
+    from rich.console import Console
+
     from shoal.network import Instance, Result
 
 ALGO_HELP = "grid | rgria | exact | geryon | atp | switchml | all, or a comma-separated list."
@@ -103,29 +105,54 @@ def _check_output(path: Path | None, option: str, suffix: str) -> None:
         path.unlink()
 
 
+def _cells(r: Result) -> list[str]:
+    """One plan's numbers, in the table's column order."""
+    ev = r.evaluation
+    worst = max((v.factor for v in ev.violations), default=None)
+    viol = "0" if not ev.violations else f"{len(ev.violations)} (worst x{_fmt(worst)})"
+    return [_fmt(ev.min_rate_gbps, 3), _fmt(r.bound_gbps), _fmt(r.plan.claimed_rate_gbps), str(ev.ps_streams),
+            str(len(ev.switch_workers)), _fmt(ev.max_switch_utilisation), _fmt(ev.max_link_utilisation), viol,
+            ev.bottleneck, f"{r.solve_s:.3f}"]
+
+
 def _fmt(x: float | None, digits: int = 2) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return "inf" if math.isinf(x) else f"{x:.{digits}f}"
 
 
-def _print_table(inst: Instance, results: Sequence[Result]) -> None:
+WIDE_TABLE_COLUMNS = 135  # below this many terminal columns the table is printed with algorithms as columns
+
+
+def _print_table(inst: Instance, results: Sequence[Result], console: Console | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
     d = inst.describe()
     links = "links unconstrained (paper's model)" if not d["links_constrained"] else "link bandwidths enforced"
-    table = Table(title=f"{d['topology']}: {d['workers']} workers, PS {d['ps']}, {d['programmable']} programmable switches, "
-                        f"B={d['ps_gbps']:g} Gbps, T={d['worker_gbps']:g} Gbps, {links}")
-    for col in ("algorithm", "min rate Gbps", "bound", "claimed", "PS streams", "agg switches", "max switch util", "max link util", "violations", "bottleneck", "solve s"):
-        table.add_column(col, justify="left" if col in ("algorithm", "bottleneck") else "right")
-    for r in results:
-        ev = r.evaluation
-        worst = max((v.factor for v in ev.violations), default=None)
-        viol = "0" if not ev.violations else f"{len(ev.violations)} (worst x{_fmt(worst)})"
-        table.add_row(r.algo, _fmt(ev.min_rate_gbps, 3), _fmt(r.bound_gbps), _fmt(r.plan.claimed_rate_gbps), str(ev.ps_streams), str(len(ev.switch_workers)),
-                      _fmt(ev.max_switch_utilisation), _fmt(ev.max_link_utilisation), viol, ev.bottleneck, f"{r.solve_s:.3f}")
-    console = Console(width=200)
+    title = (f"{d['topology']}: {d['workers']} workers, PS {d['ps']}, {d['programmable']} programmable switches, "
+             f"B={d['ps_gbps']:g} Gbps, T={d['worker_gbps']:g} Gbps, {links}")
+    columns = ("min rate Gbps", "bound", "claimed", "PS streams", "agg switches", "max switch util", "max link util",
+               "violations", "bottleneck", "solve s")
+    rows = {r.algo: _cells(r) for r in results}
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped or logged: one line per algorithm, whatever the width
+            console = Console(width=max(console.width, 200))
+    table = Table(title=title)
+    if console.width >= WIDE_TABLE_COLUMNS:  # one row per algorithm
+        table.add_column("algorithm", no_wrap=True)
+        for col in columns:
+            table.add_column(col, justify="left" if col == "bottleneck" else "right", overflow="fold",
+                             min_width=max(len(word) for word in col.split()))
+        for algo, cells in rows.items():
+            table.add_row(algo, *cells)
+    else:  # a narrow terminal: one column per algorithm, nothing cut
+        table.add_column("", no_wrap=True, min_width=max(map(len, columns)))
+        for algo in rows:
+            table.add_column(algo, justify="right", overflow="fold", min_width=len(algo))
+        for i, col in enumerate(columns):
+            table.add_row(col, *(cells[i] for cells in rows.values()))
     console.print(table)
     console.print("min rate: the highest rate every worker can send at under the plan, breaking nothing (the evaluator's verdict). "
                   "claimed: the rate the algorithm promised; utilisations and violations are measured at it.")
