@@ -293,17 +293,21 @@ NOTES = """## Where the time goes
 
 - shoal all-reduce (`sync.intra_group = "allreduce"`): each worker actor
   wraps its module in DDP inside one torch.distributed group, so the round
-  is DDP's plus the actor's own bookkeeping: one extra one-value all-reduce
-  (the agreed stop flag, overlapped with the forward pass) and an iteration
-  record. Its compute column is a no-sync forward + backward measured at
-  start-up; DDP's is the same step without the all-reduce, measured in turn.
+  is DDP's plus the actor's own bookkeeping: a one-value all-reduce every
+  ~50 ms of compute (the agreed stop flag, overlapped with the forward
+  pass), an iteration record, and the Ray processes (driver loop, raylet,
+  each actor's core-worker threads) on the same cores. Its compute column is
+  the least of three no-sync forward + backward passes at start-up, so under
+  load it reads low and its exposed communication high; DDP's is the same
+  step without the all-reduce, measured in turn.
 - shoal server (`"server"`): gate + pull + compute + push in sequence; the
   worker asks its server for the full parameter vector (one actor call),
   computes, then ships the full gradient (a second call), and the server
   applies the update before the barrier opens.
 - All ranks share the machine's cores: with more ranks than cores, compute
-  and the all-reduce's own threads compete, so exposed communication here
-  is an upper bound of what a core per rank would show.
+  and the all-reduce's own threads compete (DDP's own exposed communication
+  is 1.6-3x the bare all-reduce here), so exposed communication is an upper
+  bound of what a core per rank would show.
 """
 
 
