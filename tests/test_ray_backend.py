@@ -398,6 +398,22 @@ def test_a_run_the_ray_cluster_cannot_hold_is_refused_and_leaves_nothing(ray_ses
     assert train(ray_config("run.max_time_s=3"), tmp_path / "r")["iterations"] > 0
 
 
+def test_a_slow_evaluation_runs_in_its_own_actor_and_never_stalls_the_driver(ray_session, tmp_path):
+    """A metric that takes 1 s: the driver loop keeps ticking (progress every 0.5 s) while it runs elsewhere."""
+    plugin = tmp_path / "slow_metric.py"
+    plugin.write_text("import time\n\ndef slow_accuracy(output, target):\n    time.sleep(1.0)\n"
+                      "    return float((output.argmax(1) == target).float().mean())\n")
+    ticks: list[float] = []
+    cfg = ray_config(f"task.metric=\"python:{plugin}:slow_accuracy\"", "task.higher_is_better=true",
+                     "run.target=0.999", "run.max_time_s=4", "run.eval_every_s=0.5")
+    backend, summary = run_backend(cfg, lambda backend, info: info.get("status") or ticks.append(time.monotonic()))
+    assert backend.evaluator is not None and summary["stop_reason"] == "time_budget"
+    running = [b - a for a, b in zip(ticks, ticks[1:-1])]  # the last gap holds the final, driver-side evaluation
+    assert running and max(running) < 0.9, max(running)
+    evals = backend.recorder.evals
+    assert 3 <= len(evals) <= 6 and all(a["t"] < b["t"] for a, b in zip(evals, evals[1:]))  # one in flight at a time
+
+
 # -- in-network aggregation: software switch actors ----------------------------------------------
 
 # A pinned plan (hosts, server host, programmable ToRs, capacity): switch e0.0 aggregates workers 0-2, worker 3

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from shoal.backends.local_model import uses_local_models
+from shoal.backends.ray_evaluator import mean_state
 from shoal.backends.ray_membership import Membership
 from shoal.backends.ray_recovery import Recovery, first_line
 from shoal.backends.ray_start import ActorSetup
@@ -35,6 +35,7 @@ from shoal.compress import GDTopKSchedule
 from shoal.compress.similarity import similarity_summary
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary, diverged
 from shoal.engine.setup import RunSetup
+from shoal.engine.task import Evaluation
 from shoal.sync.gssp import gssp_from_config
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -95,6 +96,8 @@ class RayBackend(ActorSetup, Membership, Recovery):
         self._regroup_mark = 0
         self._recent: deque[tuple[float, int]] = deque()
         self._keys: dict[Any, tuple[Any, ...]] = {}
+        self.evaluator: Any = None
+        self._eval_pending: tuple[float, Any] | None = None
         self._speed_changes = sorted(self.cfg.cluster.speed_changes, key=lambda c: c.at_s)
 
     # -- time ------------------------------------------------------------------------
@@ -113,8 +116,9 @@ class RayBackend(ActorSetup, Membership, Recovery):
         while True:
             now = self.now()
             if now >= next_eval:
-                self._evaluate()
+                self._submit_evaluation()
                 next_eval = max(next_eval + period, self.now() - period / 2)
+            self._collect_evaluation()
             if self.stop_reason is not None:
                 return
             if now >= self.cfg.run.max_time_s:
@@ -224,35 +228,59 @@ class RayBackend(ActorSetup, Membership, Recovery):
 
     # -- evaluation, progress -------------------------------------------------------------
 
+    def _state_refs(self) -> list[Any]:
+        """References to what is evaluated: rank 0's replica (all-reduce), else every group server's."""
+        if self.collective:  # every rank holds the same replica
+            return [self.workers[0].state.remote()]
+        return [s.state.remote() for s in self.servers]
+
     def model_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         """What is evaluated: the replica, or the mean of the group replicas (GSSP)."""
         import ray
 
-        if self.collective:  # every rank holds the same replica
-            params, buffers = ray.get(self.workers[0].state.remote())
-            return torch.from_numpy(np.array(params)), torch.from_numpy(np.array(buffers))
-        states = ray.get([s.state.remote() for s in self.servers])
-        params = [torch.from_numpy(np.array(p)) for p, _ in states]
-        buffers = [torch.from_numpy(np.array(b)) for _, b in states]
-        if len(states) == 1:
-            return params[0], buffers[0]
-        return torch.stack(params).mean(0), torch.stack(buffers).mean(0)
+        return mean_state(ray.get(self._state_refs()))
+
+    def _submit_evaluation(self) -> None:
+        """Start an evaluation of the current state in the evaluator actor (skipped while one is running)."""
+        if self._eval_pending is not None:
+            return
+        t = self.now()
+        self._eval_pending = (t, self.evaluator.evaluate.remote(*self._state_refs()))
+        self._record_densities(t)
+
+    def _collect_evaluation(self, wait_s: float = 0.0) -> None:
+        """Record the evaluation in flight once it is done (at the time its states were taken)."""
+        import ray
+
+        if self._eval_pending is None:
+            return
+        t, ref = self._eval_pending
+        if ray.wait([ref], timeout=wait_s)[0]:
+            self._eval_pending = None
+            self._record_evaluation(t, ray.get(ref))
 
     def _evaluate(self, at: float | None = None) -> None:
+        """Evaluate now, on the driver (the final state: the driver's engine keeps it as the run's model)."""
+        self._collect_evaluation(wait_s=60.0)
         t = self.now() if at is None else at
         params, buffers = self.model_state()
         ds = self.setup.dataset
-        ev = self.setup.engine.evaluate(params, buffers, ds.x_test, ds.y_test)
+        self._record_densities(t)
+        self._record_evaluation(t, self.setup.engine.evaluate(params, buffers, ds.x_test, ds.y_test))
+
+    def _record_evaluation(self, t: float, ev: Evaluation) -> None:
         self.recorder.evaluation(round(t, 6), ev.value, ev.loss, self.cfg.target(), self.cfg.run.target_patience,
                                  accuracy=ev.accuracy)
         if self.recorder.time_to_target_s is not None and self.cfg.run.stop_at_target:  # also: reached before a resume
             self.stop_reason = "target_reached"
         if diverged(ev.loss, ev.value) and self.stop_reason is None:
             self.stop_reason = "diverged"
+        self._tick_progress(force=True)
+
+    def _record_densities(self, t: float) -> None:
         if self.cfg.compression.method != "none" and self.gssp is not None:
             densities = [self._density(members[0]) if members else None for members in self._groups()]
             self.recorder.event("densities", t=round(t, 6), densities=densities)
-        self._tick_progress(force=True)
 
     def group_rates(self, window_s: float = 2.0) -> list[float]:
         """Iterations per second of each group over the last ``window_s`` seconds of records."""
@@ -344,7 +372,10 @@ class RayBackend(ActorSetup, Membership, Recovery):
         reusable = {h._actor_id for w, h in self.workers.items() if w in self.alive and w not in running}
         reusable |= {h._actor_id for h in [*self.servers, *self.spares]}
         pooling = ActorPool.enabled and self.where == "existing" and self.started and not self.collective
-        for handle in [*self.workers.values(), *self.servers, *self.spares, *self.switches.values()]:
+        if self.evaluator is not None:
+            reusable.add(self.evaluator._actor_id)
+        evaluator = [self.evaluator] if self.evaluator is not None else []
+        for handle in [*self.workers.values(), *self.servers, *self.spares, *self.switches.values(), *evaluator]:
             if pooling and handle._actor_id in reusable:
                 ActorPool.give(self._keys[handle._actor_id], handle)
                 continue

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from shoal.backends.ray_collective import CollectiveWorker
+from shoal.backends.ray_evaluator import Evaluator
 from shoal.backends.local_model import aggregation_schedule, outer_step, uses_local_models
 from shoal.backends.ray_server import GroupServer
 from shoal.backends.ray_session import ActorPool
@@ -106,6 +107,7 @@ class ActorSetup:
 
         self._check_resources()
         self._put_shards()
+        self._start_evaluator()
         if self.collective:
             self._start_collective()
             return
@@ -119,12 +121,20 @@ class ActorSetup:
         self._install_servers(policies, resumed)
         if self.plan is not None:
             self._start_switches()
-        self._wait_ready(self.servers + self.spares + list(self.switches.values()))
+        self._wait_ready(self.servers + self.spares + list(self.switches.values()) + [self.evaluator])
         self.t0 = time.time() - self.offset
         ray.get([s.set_peers.remote(self.servers, self.t0) for s in self.servers])
         for w in range(self.n):
             self._launch(w)
         self.started = True
+
+    def _start_evaluator(self) -> None:
+        """The actor that runs the periodic evaluations (no CPU reserved: it works only now and then)."""
+        import ray
+
+        ds = self.setup.dataset
+        args = (self.cfg, ray.put(ds.x_test.numpy()), ray.put(ds.y_test.numpy()), ds.num_classes, ds.input_shape)
+        self.evaluator = self._actor(Evaluator, {"num_cpus": 0, "max_concurrency": 1}, args)
 
     def _wait_ready(self, others: list[Any]) -> None:
         """Every worker and ``others`` answered a ping (workers report their pid and device)."""
@@ -154,6 +164,8 @@ class ActorSetup:
         """BSP on all-reduce: one CollectiveWorker per worker, one process group, no server (ray_collective)."""
         import ray
 
+        # all-reduce ranks are never kept (a process group is not re-joined): kept actors free their CPUs for them
+        ActorPool.clear()
         params, buffers = self.setup.engine.initial_state()
         p_ref, b_ref = ray.put(params.numpy()), ray.put(buffers.numpy())
         b = self.cfg.backend
@@ -163,7 +175,7 @@ class ActorSetup:
             args = (w, self.cfg, x, y, self.setup.dataset.num_classes, self.speeds[w], self.profile.compute_s,
                     self.setup.n_train, p_ref, b_ref)
             self.workers[w] = ray.remote(CollectiveWorker).options(**options).remote(*args)
-        self._wait_ready([])
+        self._wait_ready([self.evaluator])
         local = not b.address
         self._status(f"joining {self.n} workers into one all-reduce group")
         init_method = ray.get(self.workers[0].rendezvous.remote(local))
