@@ -247,6 +247,30 @@ def test_killed_worker_is_dropped_and_training_goes_on(ray_session):
     assert len(after) > 12  # the three survivors kept doing BSP rounds without worker 1
 
 
+def test_a_stopped_worker_is_evicted_within_the_timeout_and_bsp_goes_on(ray_session):
+    """SIGSTOP a worker under BSP: nobody hears from it, so it is evicted after worker_timeout_s; no hang."""
+    stopped: dict[str, float] = {}
+
+    def stop(backend, info):
+        if not stopped and info["iterations"] >= 20:
+            os.kill(backend.pids[1], signal.SIGSTOP)
+            stopped["t"] = info["t"]
+
+    signal.alarm(120)
+    try:
+        stream = io.StringIO()
+        _, summary = run_backend(ray_config("run.target_accuracy=0.99", "run.max_time_s=8",
+                                            "backend.worker_timeout_s=2"), stop, stream)
+    finally:
+        signal.alarm(0)
+    assert stopped and [f["worker"] for f in summary["failures"]] == [1], summary["failures"]
+    failure = summary["failures"][0]
+    assert "no answer for 2 s" in failure["error"] and failure["t"] - stopped["t"] < 2 + 5
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    after = [e for e in events if e["event"] == "iteration" and e["t"] > failure["t"] + 0.2]
+    assert {e["worker"] for e in after} == {0, 2, 3} and len(after) > 12  # the barrier no longer waits for it
+
+
 @pytest.mark.slow
 def test_failed_worker_restarts_from_its_groups_replica(ray_session):
     injected: dict[str, bool] = {}

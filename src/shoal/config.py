@@ -283,6 +283,7 @@ class BackendConfig(Section):
     cpus_per_server: float = Field(1.0, ge=0, description="ray: CPUs each group server actor requests.")
     checkpoint_every_s: float = Field(30.0, ge=0, description="ray: group servers checkpoint replica and optimizer (safetensors + JSON) every this many wall seconds, and at the end; 0 = never.")
     max_restarts: int = Field(0, ge=0, description="ray: times each failed worker is restarted (it rejoins from its group's replica); 0 = drop it and go on.")
+    worker_timeout_s: float = Field(60.0, ge=0, description="ray: a worker that has not answered the driver for this many wall seconds (hung, stopped, partitioned) is evicted as failed: its group stops waiting for it, then max_restarts applies; 0 = never. Must exceed the longest iteration.")
 
 
 class Config(Section):

@@ -96,6 +96,7 @@ class RayBackend(ActorSetup, Membership, Recovery):
         self._regroup_mark = 0
         self._recent: deque[tuple[float, int]] = deque()
         self._keys: dict[Any, tuple[Any, ...]] = {}
+        self._drain_sent: dict[int, float] = {}  # when each worker's pending drain was asked (liveness)
         self.evaluator: Any = None
         self._eval_pending: tuple[float, Any] | None = None
         self._speed_changes = sorted(self.cfg.cluster.speed_changes, key=lambda c: c.at_s)
@@ -137,6 +138,7 @@ class RayBackend(ActorSetup, Membership, Recovery):
                 time.sleep(TICK_S)
             for ref in ready:
                 self._worker_ended(ref)
+            self._evict_unresponsive()
             self._collect_started()
             if self.now() >= next_drain:
                 self._drain()
@@ -158,6 +160,7 @@ class RayBackend(ActorSetup, Membership, Recovery):
         for w in self.alive:
             if w not in self._drains:
                 self._drains[w] = self.workers[w].drain.remote(self._density(w))
+                self._drain_sent[w] = self.now()
         for i, server in enumerate(self.servers):
             if i not in self._server_drains:
                 self._server_drains[i] = server.drain.remote()

@@ -32,6 +32,23 @@ class Recovery:
         if self.stop_reason is None:
             self._fail(w, error)
 
+    def _evict_unresponsive(self) -> None:
+        """Workers that have not answered a drain within ``backend.worker_timeout_s`` fail (hung, stopped, cut off).
+
+        A drain is an actor call each worker answers between iterations, so a
+        live worker, however slow its tier, answers within one iteration; one
+        that does not is evicted like a dead one: its server stops waiting
+        for it and its process is killed.
+        """
+        timeout = self.cfg.backend.worker_timeout_s
+        if not timeout:
+            return
+        now = self.now()
+        for w in sorted(self.alive):
+            if w in self._drains and now - self._drain_sent.get(w, now) > timeout:
+                self._run_refs = {ref: v for ref, v in self._run_refs.items() if v != w}
+                self._fail(w, f"no answer for {timeout:g} s (hung, stopped or partitioned): evicted")
+
     def _fail(self, w: int, error: str) -> None:
         """Remove a failed worker from its server's gating (nobody waits for it), then restart or drop it."""
         import ray
