@@ -44,13 +44,13 @@ def resolve_config(config: ConfigLike | None, overrides: Sequence[str] = ()) -> 
 def train(config: ConfigLike | None = None, *, out: str | Path | None = None, overrides: Sequence[str] = (),
           progress: bool = True, overwrite: bool = False) -> Result:
     """Train once and return the summary, the trained model and the run folder (default runs/train-<time>)."""
-    from shoal.commands.train import _progress
+    from shoal.commands.train import TrainProgress, console
     from shoal.engine.export import load_model
     from shoal.runner import train as run_training
 
     cfg = resolve_config(config, overrides)
     run_dir = Path(out) if out is not None else Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
-    with _progress(not progress, cfg.run.max_time_s) as update:
+    with TrainProgress(console, not progress, cfg.run.max_time_s, cfg.run.max_iterations) as update:
         summary = run_training(cfg, run_dir, overwrite=overwrite, progress=update)
     model = load_model(run_dir) if summary.get("model_file") else None
     return Result(summary, model, run_dir)
