@@ -20,7 +20,8 @@ console = Console(stderr=True)
 @user_errors_exit_2
 def train(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (defaults apply when omitted)."),
-    set_: list[str] = typer.Option([], "--set", "-s", help="Override a key: section.key=value (repeatable)."),
+    set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
+                                 help="Override a key: section.key=value (repeatable)."),
     backend: Optional[str] = typer.Option(None, "--backend", metavar="sim|ray",
                                           help="sim or ray (overrides backend.name)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default runs/train-<time>)."),
