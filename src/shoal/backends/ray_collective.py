@@ -156,7 +156,8 @@ class CollectiveWorker:
     def run(self, t0: float) -> str:
         """Iterate until every rank has been asked to stop (agreed through the stop flag), or until this rank's
         share of ``run.max_iterations`` (the same iteration on every rank: "budget")."""
-        budget = self.cfg.run.max_iterations // self.cfg.cluster.workers if self.cfg.run.max_iterations else 0
+        total = self.cfg.run.max_iterations
+        budget = max(1, total // self.cfg.cluster.workers) if total else 0
         while self._iteration(t0):
             if budget and self.iterations >= budget:
                 return "budget"
@@ -195,15 +196,18 @@ class CollectiveWorker:
         comm = min(sync, max(ring, self._least_sync))
         if agreed is not None:
             agreed.wait()
-        sent = int(ring_allreduce_bytes(nbytes, n))
+        self._record(t0, max(target, self.real_compute_s) if c.emulate else self.real_compute_s, sync, comm,
+                     float(loss.detach()), int(ring_allreduce_bytes(nbytes, n)))
+        return flag is None or flag.item() == 0.0
+
+    def _record(self, t0: float, compute: float, sync: float, comm: float, loss: float, sent: int) -> None:
+        """One iteration record, in the fields the server path's workers send."""
         self._records.append({
             "t": round(time.time() - t0, 6), "worker": self.w, "server": 0, "clock": self.iterations, "staleness": 0,
-            "compute_s": round(max(target, self.real_compute_s) if c.emulate else self.real_compute_s, 6),
-            "compute_real_s": round(self.real_compute_s, 6), "wait_s": round(sync - comm, 6),
-            "comm_s": round(comm, 6), "pull_s": 0.0, "loss": round(float(loss.detach()), 6),
+            "compute_s": round(compute, 6), "compute_real_s": round(self.real_compute_s, 6),
+            "wait_s": round(sync - comm, 6), "comm_s": round(comm, 6), "pull_s": 0.0, "loss": round(loss, 6),
             "bytes_up": sent, "bytes_down": sent,
         })
-        return flag is None or flag.item() == 0.0
 
     def _set_lr(self) -> None:
         """The decayed learning rate at this step: from the iteration count, the same on every rank."""
