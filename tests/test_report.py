@@ -249,3 +249,21 @@ def test_report_renders_in_headless_chromium(synthetic, tmp_path):
     background = np.median(pixels.reshape(-1, 3), axis=0)
     differs = np.abs(pixels - background).sum(axis=2) > 30
     assert pixels.std() > 20 and differs.mean() > 0.2, "the screenshot is (nearly) blank"
+
+
+def test_a_scheme_looks_the_same_in_every_report_and_its_variants_stay_apart():
+    from shoal.report.plots import scheme_style
+
+    assert scheme_style("gssp") == scheme_style("gssp@optimizer.lr=0.02") == ("#d62728", "-")
+    bsp, ina = scheme_style("bsp"), scheme_style("bsp+ina-grid")
+    assert bsp[0] == ina[0] and bsp[1] == "-" and ina[1] != "-"  # same colour, another line style
+    assert scheme_style("gssp+sim") != scheme_style("gssp")
+    assert scheme_style("mystery") == scheme_style("mystery")  # a stable colour for names it does not know
+    assert len({scheme_style(s)[0] for s in ("bsp", "asp", "ssp", "gssp", "localsgd", "diloco")}) == 6
+
+
+def test_every_plot_has_an_svg_beside_its_png(tmp_path):
+    from shoal.report.plots import Curve, plot_accuracy
+
+    path = plot_accuracy([Curve("bsp", [(0.0, 0.1), (1.0, 0.9)], "#1f77b4", 1.0)], 0.9, tmp_path / "a.png", "s")
+    assert path.exists() and (tmp_path / "a.svg").read_text().lstrip().startswith("<?xml")

@@ -135,15 +135,15 @@ def headline(rows: list[dict[str, Any]], target: float | None, backend: str | No
 def _accuracy_section(out: Path, compare: dict[str, Any], rows: list[dict[str, Any]], runs: list[RunData],
                       label: str) -> str:
     curves = []
-    for i, (row, run) in enumerate(zip(rows, runs)):
-        color = plots.scheme_color(i)
+    for row, run in zip(rows, runs):
+        color, style = plots.scheme_style(row["scheme"])  # the same scheme looks the same in every report
         if len(row.get("seeds", [])) > 1:
             evals = [load_run(row["scheme"], out / seed["run_dir"]).evals for seed in row["seeds"]]
             t, median, lo, hi = plots.median_band(evals)
             curves.append(plots.Curve(row["scheme"], list(zip(t.tolist(), median.tolist())), color,
-                                      row.get("time_to_target_s"), band=(lo.tolist(), hi.tolist())))
+                                      row.get("time_to_target_s"), style, band=(lo.tolist(), hi.tolist())))
         else:
-            curves.append(plots.Curve(row["scheme"], run.evals, color, row.get("time_to_target_s")))
+            curves.append(plots.Curve(row["scheme"], run.evals, color, row.get("time_to_target_s"), style))
     if not any(c.points for c in curves):
         return _section("accuracy", "Test accuracy over time", "", "No evaluations in these runs (backend.mode = "
                         "\"cost\" simulates the schedule only), so there is no accuracy to plot.")

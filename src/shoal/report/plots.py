@@ -7,6 +7,7 @@ to call from tests and scripts.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +33,27 @@ DPI = 110
 MAX_TIMELINE_WORKERS = 32
 
 
-def scheme_color(index: int) -> str:
-    return SCHEME_COLORS[index % len(SCHEME_COLORS)]
+#: the same base scheme has the same colour in every report; modifiers change the line style, so a scheme and
+#: its variant (bsp, bsp+ina-grid) stay apart even where their curves coincide
+BASE_COLORS = {"bsp": "#1f77b4", "gssp": "#d62728", "ssp": "#2ca02c", "localsgd": "#9467bd", "asp": "#ff7f0e",
+               "diloco": "#8c564b"}
+MODIFIER_STYLES = ["-", "--", ":", "-."]
+
+
+def scheme_style(name: str) -> tuple[str, str]:
+    """(colour, line style) of a scheme spec, by name alone: ``base[+modifier...][@pins]``.
+
+    Known bases keep their colour everywhere; an unknown one gets a colour
+    from a stable hash of its name. Each modifier combination gets its own
+    line style (dashed for the first kind, dotted, dash-dot), so curves that
+    coincide remain distinguishable.
+    """
+    base, _, rest = name.partition("+")
+    base = base.split("@")[0]
+    color = BASE_COLORS.get(base) or SCHEME_COLORS[zlib.crc32(base.encode()) % len(SCHEME_COLORS)]
+    modifiers = rest.split("@")[0]
+    style = MODIFIER_STYLES[0] if not modifiers else MODIFIER_STYLES[1 + zlib.crc32(modifiers.encode()) % 3]
+    return color, style
 
 
 def group_color(group: int) -> str:
@@ -41,7 +61,9 @@ def group_color(group: int) -> str:
 
 
 def _save(fig: Figure, path: Path) -> Path:
+    """The PNG the page embeds, and an SVG beside it (vector, for papers and slides)."""
     fig.savefig(path, dpi=DPI, facecolor="white")
+    fig.savefig(path.with_suffix(".svg"), facecolor="white")
     return path
 
 
@@ -56,6 +78,7 @@ class Curve:
     points: list[tuple[float, float]]
     color: str
     time_to_target: float | None = None
+    style: str = "-"
     faint: bool = False
     band: tuple[list[float], list[float]] | None = None  # min and max over seeds at each point's time
 
@@ -70,7 +93,8 @@ def plot_accuracy(curves: Sequence[Curve], target: float | None, path: Path, tim
                 continue
             t, acc = zip(*c.points)
             label = None if c.faint or ax is zoom else _curve_label(c)
-            ax.plot(t, acc, color=c.color, lw=0.9 if c.faint else 2.0, alpha=0.35 if c.faint else 1.0, label=label)
+            ax.plot(t, acc, color=c.color, ls=c.style, lw=0.9 if c.faint else 2.0, alpha=0.35 if c.faint else 1.0,
+                    label=label)
             if c.band is not None:
                 ax.fill_between(t, *c.band, color=c.color, alpha=0.15, lw=0)
             if c.time_to_target is not None and target is not None and not c.faint:
