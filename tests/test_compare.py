@@ -173,6 +173,10 @@ def test_compare_writes_rows_plots_and_report(compared):
     for anchor in ("accuracy", "results", "timeline", "groups"):
         assert f'<section id="{anchor}">' in page
     assert '<section id="sim">' not in page and '<section id="routing">' not in page
+    from shoal import __version__
+
+    assert data["provenance"]["shoal"] == __version__ and data["provenance"]["host"]
+    assert f"Made by shoal {__version__} on " in page  # the footer says which shoal made it, where and when
     assert page.count('<img src="data:image/png;base64,') == 5
     assert "profiled" in page  # gssp's grouping is listed
 

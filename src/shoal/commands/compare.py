@@ -268,6 +268,7 @@ def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], seeds
     first = plan[0].cfg
     return {
         "command": command,
+        "provenance": provenance(),
         "schemes": names,
         "seeds": seeds,
         "tune": grid or {},
@@ -292,3 +293,14 @@ def print_table(result: dict[str, Any], report: Path) -> None:
                       "-" if acc is None else f"{acc:.4f}", human_bytes(r.get("bytes_up")), f"{r['iterations']:,.0f}")
     Console().print(table)
     typer.echo(f"report: {report}")
+
+
+def provenance() -> dict[str, Any]:
+    """Which shoal, when and where a comparison ran (the report's footer)."""
+    import platform
+
+    from shoal import __version__
+
+    return {"shoal": __version__, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
+            "python": platform.python_version(), "platform": platform.platform(terse=True)}
+

@@ -428,9 +428,13 @@ def _section(anchor: str, title: str, content: str, note: str) -> str:
 def _footer(compare: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     command = html.escape(compare.get("command", ""))
     dirs = ", ".join(html.escape(r["run_dir"]) + "/" for r in rows)
-    return (f'</main><footer><div class="wrap"><p>Reproduce: <code>{command}</code></p>'
-            f"<p>Files beside this page: compare.json (every number above), the PNGs, and one run folder per scheme "
-            f"({dirs}) with config.toml, metrics.jsonl and summary.json.</p></div></footer>")
+    p = compare.get("provenance") or {}
+    made = (f"<p>Made by shoal {html.escape(str(p.get('shoal', '?')))} on {html.escape(str(p.get('host', '?')))} "
+            f"({html.escape(str(p.get('platform', '?')))}, Python {html.escape(str(p.get('python', '?')))}), "
+            f"{html.escape(str(p.get('created', '?')))}.</p>") if p else ""
+    return (f'</main><footer><div class="wrap"><p>Reproduce: <code>{command}</code></p>{made}'
+            f"<p>Files beside this page: compare.json (every number above), the plots as PNG and SVG, and one run "
+            f"folder per scheme ({dirs}) with config.toml, metrics.jsonl and summary.json.</p></div></footer>")
 
 
 PAGE = """<!DOCTYPE html>
