@@ -267,3 +267,15 @@ def test_every_plot_has_an_svg_beside_its_png(tmp_path):
 
     path = plot_accuracy([Curve("bsp", [(0.0, 0.1), (1.0, 0.9)], "#1f77b4", 1.0)], 0.9, tmp_path / "a.png", "s")
     assert path.exists() and (tmp_path / "a.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_the_timeline_legend_shows_only_what_is_drawn():
+    from shoal.report.plots import _timeline_legend, group_color
+
+    labels = lambda handles: [h.get_label() for h in handles]  # noqa: E731
+    assert labels(_timeline_legend([0, 1], {"compute"})) == ["compute, group 0", "compute, group 1"]
+    full = _timeline_legend([1], {"compute", "comm", "wait"})
+    assert labels(full)[1:] == ["communication", "waiting (thin pale bar, the group's colour)"]
+    from matplotlib.colors import to_hex
+
+    assert to_hex(full[-1].get_facecolor()) == group_color(1)  # the same hue as the bars it stands for

@@ -208,7 +208,9 @@ def plot_timeline(tl: Timeline, path: Path, time_label: str) -> tuple[Path, floa
         _draw(ax, row[w], kind, group_color(g), spans)
     share = _compute_share(bars, tl.window, len(workers))
     _decorate_timeline(ax, tl, workers, time_label, share, len(tl.speeds))
-    fig.legend(handles=_timeline_legend(groups_seen), loc="outside lower center", ncol=min(len(groups_seen) + 2, 6),
+    kinds = {kind for _, kind, _ in bars}
+    fig.legend(handles=_timeline_legend(groups_seen, kinds), loc="outside lower center",
+               ncol=min(len(groups_seen) + 2, 6),
                frameon=False, fontsize=9)
     return _save(fig, path), share
 
@@ -261,10 +263,14 @@ def _mark_levels(times: list[float], window: tuple[float, float], gap: float = 0
     return levels
 
 
-def _timeline_legend(groups: list[int]) -> list[Patch]:
+def _timeline_legend(groups: list[int], kinds: set[str]) -> list[Patch]:
+    """Swatches for what the chart draws, and only that: waiting is a thin bar in the group's own pale colour."""
     handles = [Patch(color=group_color(g), label=f"compute, group {g}") for g in groups]
-    handles.append(Patch(color="#222222", label="communication"))
-    handles.append(Patch(color="#888888", alpha=0.35, label="waiting (thin pale bar)"))
+    if "comm" in kinds:
+        handles.append(Patch(color="#222222", label="communication"))
+    if kinds - {"compute", "comm"}:
+        handles.append(Patch(color=group_color(groups[0] if groups else 0), alpha=0.35,
+                             label="waiting (thin pale bar, the group's colour)"))
     return handles
 
 
