@@ -401,13 +401,44 @@ def _routing_section(runs: list[RunData]) -> str:
     for run in runs:
         routing = run.summary.get("routing")
         if isinstance(routing, dict):
-            rows = "".join(f"<tr><td class=\"left\">{html.escape(str(k))}</td><td class=\"left\">{_value(v)}</td></tr>"
-                           for k, v in routing.items())
-            parts.append(f"<h3>{html.escape(run.name)}</h3><table class=\"kv\"><tbody>{rows}</tbody></table>")
+            parts.append(f"<h3>{html.escape(run.name)}</h3>{_routing_tables(routing)}")
     if not parts:
         return ""
     return _section("routing", "Routing plan", "\n".join(parts),
                     "The in-network aggregation plan each run used (from its summary.json).")
+
+
+def _routing_tables(routing: dict[str, Any]) -> str:
+    """The plan's numbers, where each worker's gradient is summed, and the data plane's counters, as tables."""
+    scalars = {k: v for k, v in routing.items() if not isinstance(v, (dict, list))}
+    rest = {k: v for k, v in routing.items() if k not in scalars and k not in ("worker_nodes", "dataplane")}
+    out = [_kv_table({**scalars, **rest})]
+    nodes = routing.get("worker_nodes")
+    if isinstance(nodes, list) and nodes:
+        by_node: dict[str, list[int]] = {}
+        for worker, node in enumerate(nodes):
+            by_node.setdefault(str(node), []).append(worker)
+        rows = "".join(f"<tr><td class=\"left\">{html.escape(node)}</td><td>{len(ws)}</td>"
+                       f"<td class=\"left\">{html.escape(', '.join(map(str, ws)))}</td></tr>"
+                       for node, ws in sorted(by_node.items()))
+        out.append("<table><thead><tr><th class=\"left\">aggregated at</th><th>workers</th>"
+                   f"<th class=\"left\">which</th></tr></thead><tbody>{rows}</tbody></table>")
+    switches = (routing.get("dataplane") or {}).get("switches") if isinstance(routing.get("dataplane"), dict) else None
+    if isinstance(switches, dict) and switches and all(isinstance(c, dict) for c in switches.values()):
+        keys = sorted({k for c in switches.values() for k in c})
+        head = "".join(f"<th>{html.escape(k.replace('_', ' '))}</th>" for k in keys)
+        rows = "".join(f"<tr><td class=\"left\">{html.escape(name)}</td>"
+                       + "".join(f"<td>{_value(c.get(k, ''))}</td>" for k in keys) + "</tr>"
+                       for name, c in sorted(switches.items()))
+        out.append(f"<table><thead><tr><th class=\"left\">switch (data plane)</th>{head}</tr></thead>"
+                   f"<tbody>{rows}</tbody></table>")
+    return "".join(out)
+
+
+def _kv_table(values: dict[str, Any]) -> str:
+    rows = "".join(f"<tr><td class=\"left\">{html.escape(str(k))}</td><td class=\"left\">{_value(v)}</td></tr>"
+                   for k, v in values.items())
+    return f"<table class=\"kv\"><tbody>{rows}</tbody></table>"
 
 
 def _value(value: Any) -> str:
