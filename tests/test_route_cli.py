@@ -185,3 +185,16 @@ def test_a_narrow_terminal_gets_the_table_with_algorithms_as_columns():
         header = next(line for line in lines if "grid" in line or "algorithm" in line)
         assert ("grid" in header and "atp" in header) == transposed, header
         assert "…" not in out.getvalue()  # nothing is cut
+
+
+def test_the_plot_colour_scale_reaches_the_worst_overload():
+    from shoal.network import build_instance, parse_topology_spec, solve
+    from shoal.network.plot import utilisation_norm
+
+    inst = build_instance(parse_topology_spec("fattree:k=4"), seed=0)
+    results = [solve(inst, algo) for algo in ("grid", "exact")]
+    worst = max(r.evaluation.max_link_utilisation for r in results)
+    assert worst > 2  # exact claims more than the links carry on this instance
+    norm = utilisation_norm(results)
+    assert norm.vmax >= worst and norm.vcenter == 1.0
+    assert utilisation_norm(results[:1]).vmax == 2  # a plan that breaks nothing keeps the 0..2 scale

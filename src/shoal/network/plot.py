@@ -77,7 +77,7 @@ def draw_plans(inst: Instance, results: Sequence[Result], path: str | Path) -> N
     fig = Figure(figsize=(9 * cols, 5.2 * rows), layout="constrained")
     FigureCanvasAgg(fig)
     pos = layout(inst)
-    norm = TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=2.0)
+    norm = utilisation_norm(results)
     for i, res in enumerate(results):
         _panel(fig.add_subplot(rows, cols, i + 1), inst, res, pos, norm)
     fig.colorbar(ScalarMappable(norm, CMAP), ax=fig.axes, shrink=0.6, label="utilisation at the plan's claimed rate (>1 = overloaded)")
@@ -85,6 +85,14 @@ def draw_plans(inst: Instance, results: Sequence[Result], path: str | Path) -> N
     fig.suptitle(f"{inst.graph.graph.get('name', 'topology')}: {len(inst.workers)} workers, PS {inst.ps}, "
                  f"{len(inst.programmable)} programmable switches, B={inst.ps_gbps:g} Gbps, T={inst.worker_gbps:g} Gbps", fontsize=12)
     fig.savefig(path, dpi=110)
+
+
+def utilisation_norm(results: Sequence[Result]) -> TwoSlopeNorm:
+    """Colours from 0 to the worst overload any plan shows (at least 2x), white-ish at 1: 14x stays 14x."""
+    worst = max([2.0] + [u for r in results for u in (r.evaluation.max_link_utilisation,
+                                                       r.evaluation.max_switch_utilisation)
+                         if u is not None and math.isfinite(u)])
+    return TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=math.ceil(worst))
 
 
 def _panel(ax: Axes, inst: Instance, res: Result, pos: dict[str, tuple[float, float]], norm: Normalize) -> None:
@@ -125,7 +133,7 @@ def _switches(ax: Axes, inst: Instance, ev: Evaluation, pos: dict[str, tuple[flo
     ax.scatter([pos[s][0] for s in idle], [pos[s][1] for s in idle], s=22, marker="s", facecolor="white", edgecolor="0.2", lw=0.8, zorder=2)
     used = list(ev.switch_workers)
     ax.scatter([pos[s][0] for s in used], [pos[s][1] for s in used], s=[_size(ev.switch_workers[s]) for s in used],
-               marker="s", c=[min(ev.switch_utilisation[s], 2.0) for s in used], cmap=CMAP, norm=norm, edgecolor="black", lw=1.0, zorder=3)
+               marker="s", c=[ev.switch_utilisation[s] for s in used], cmap=CMAP, norm=norm, edgecolor="black", lw=1.0, zorder=3)
     for i, s in enumerate(sorted(used, key=lambda s: pos[s])):
         offset = (4 + 0.5 * math.sqrt(_size(ev.switch_workers[s]))) * (1 if i % 2 == 0 else -1.6)
         ax.annotate(f"{s}: {ev.switch_workers[s]}w", pos[s], textcoords="offset points", xytext=(0, offset), ha="center", fontsize=7, zorder=4,
