@@ -42,6 +42,7 @@ from shoal.network import ALGORITHMS, build_instance, evaluate, solve  # noqa: E
 from shoal.network.evaluator import complete_paths  # noqa: E402
 from shoal.network.routing import Routes  # noqa: E402
 from shoal.network.topology import fat_tree, leaf_spine  # noqa: E402
+from tuned import provenance  # noqa: E402  (the git commit, a dirty-tree flag, the command)
 
 ALGOS = list(ALGORITHMS)  # grid, rgria, exact, geryon, atp, switchml
 LINK_FREE = ("rgria", "exact", "geryon", "atp", "switchml")
@@ -350,7 +351,7 @@ def main() -> None:
     wall = time.perf_counter() - start
     summary = summarise(rows)
     chk = checks(rows, summary)
-    meta = {"quick": args.quick, "seeds": seeds, "jobs": args.jobs, "wall_s": wall, "instances": len(rows),
+    meta = {**provenance(), "quick": args.quick, "seeds": seeds, "jobs": args.jobs, "wall_s": wall, "instances": len(rows),
             "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
             "settings": {"ps_gbps": 100, "worker_gbps": 100, "capacity_gbps": [100, 3200], "links": {k: (None if math.isinf(v) else v) for k, v in LINKS.items()},
                          "scenarios": {k: {"topology": v[0], "programmable": v[1]} for k, v in SCENARIOS.items()}},

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.report.rows import median_time
+from tuned import provenance  # the git commit (and a dirty-tree flag) and the command
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -151,7 +152,7 @@ def main() -> None:
     name = "ina_training_quick" if args.quick else "ina_training"
     header = (f"# In-network aggregation in training ({len(runs)} runs, {seeds} seed(s); MLP 1.6 M params, 8 workers, "
               f"BSP, fat-tree k=4 at 10 Gbps; wall {time.perf_counter() - start:.0f} s)")
-    (RESULTS / f"{name}.json").write_text(json.dumps({"base": BASE, "rows": rows, "runs": runs}, indent=1))
+    (RESULTS / f"{name}.json").write_text(json.dumps({**provenance(), "base": BASE, "rows": rows, "runs": runs}, indent=1))
     (RESULTS / f"{name}.md").write_text(markdown(rows, header))
     plot(runs, rows, RESULTS / f"{name}.png")
     print(markdown(rows, header))

@@ -17,6 +17,7 @@ from shoal.backends.sim import SimBackend
 from shoal.config import load_config
 from shoal.engine.metrics import RunRecorder
 from shoal.engine.setup import build_setup
+from tuned import provenance  # the git commit (and a dirty-tree flag) and the command
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -62,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = [measure(label, overrides) for label, overrides in cases(args.quick)]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    meta = {"python": sys.version.split()[0], "machine": platform.machine(), "date": time.strftime("%Y-%m-%d")}
+    meta = {**provenance(), "python": sys.version.split()[0], "machine": platform.machine(), "date": time.strftime("%Y-%m-%d")}
     (RESULTS / "sim_speed.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = ["| case | iterations | wall s | µs per worker-iteration | virtual s |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['case']} | {r['iterations']} | {r['wall_s']} | {r['us_per_worker_iteration']} | {r['virtual_s']:.2f} |"
