@@ -39,9 +39,9 @@ import numpy as np
 import torch
 
 from shoal.backends.ray_wire import actor_device, actor_threads, quiet_readonly_numpy
+from shoal.backends.ray_worker import worker_shard
 from shoal.cluster import StragglerModel
 from shoal.config import Config
-from shoal.data import BatchStream, Dataset
 from shoal.engine.cost import ring_allreduce_bytes, ring_allreduce_time
 from shoal.engine.setup import build_engine
 
@@ -58,12 +58,10 @@ class CollectiveWorker:
         torch.set_num_threads(actor_threads(cfg.backend.cpus_per_worker))
         self.w, self.cfg, self.speed, self.compute_s, self.n_train = worker, cfg, speed, compute_s, n_train
         self.device = actor_device(cfg.backend.gpus_per_worker)
-        shard = Dataset("shard", torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y)),
-                        torch.empty(0), torch.empty(0, dtype=torch.long), num_classes)
+        shard, self.stream = worker_shard(cfg, worker, x, y, num_classes)
         self.engine = build_engine(cfg, shard.input_shape, num_classes)
         self.engine._load(torch.from_numpy(np.array(params)), torch.from_numpy(np.array(buffers)))
         self.engine.model.to(self.device)
-        self.stream = BatchStream(shard, np.arange(len(y)), cfg.data.batch_size, cfg.run.seed, worker)
         batch = min(len(shard.y_train), cfg.data.batch_size)  # what measures compute, without using the stream
         self._probe = (shard.x_train[:batch].to(self.device), shard.y_train[:batch].to(self.device))
         self.stragglers = StragglerModel(cfg.cluster.stragglers, cfg.cluster.workers, cfg.run.seed)

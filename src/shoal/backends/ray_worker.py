@@ -35,6 +35,14 @@ from shoal.data import BatchStream, Dataset
 from shoal.engine.setup import build_engine
 
 
+def worker_shard(cfg: Config, worker: int, x: np.ndarray, y: np.ndarray,
+                 num_classes: int) -> tuple[Dataset, BatchStream]:
+    """A worker's shard as a data set, and its batch stream (permuted exactly like the sim backend's)."""
+    shard = Dataset("shard", torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y)),
+                    torch.empty(0), torch.empty(0, dtype=torch.long), num_classes)
+    return shard, BatchStream(shard, np.arange(len(y)), cfg.data.batch_size, cfg.run.seed, worker)
+
+
 @dataclass
 class Route:
     """Which server a worker uses, and under which membership epoch."""
@@ -55,12 +63,9 @@ class Worker:
         self.w, self.cfg, self.speed, self.compute_s = worker, cfg, speed, compute_s
         self.download_bytes, self.density = download_bytes, density
         self.device = actor_device(cfg.backend.gpus_per_worker)
-        shard = Dataset("shard", torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y)),
-                        torch.empty(0), torch.empty(0, dtype=torch.long), num_classes)
+        shard, self.stream = worker_shard(cfg, worker, x, y, num_classes)
         self.engine = build_engine(cfg, shard.input_shape, num_classes)
         self.engine.model.to(self.device)
-        # positions within the shard permute exactly like the sim backend's shard indices
-        self.stream = BatchStream(shard, np.arange(len(y)), cfg.data.batch_size, cfg.run.seed, worker)
         self.codec = self._codec()
         self.slices = [slice(t.offset, t.offset + t.numel) for t in self.engine.layout]
         self.local: LocalModel | None = None  # SIM: this worker's own model copy and a codec for its changes

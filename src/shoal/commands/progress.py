@@ -12,11 +12,11 @@ time spent so far. A run that stops at its target fills the bar.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -128,12 +128,7 @@ def worker_table(summary: dict[str, Any], limit: int = COMPACT_ABOVE) -> Table:
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    if q <= 0:
-        return ordered[0]
-    if q >= 1:
-        return ordered[-1]
-    return statistics.quantiles(ordered, n=100, method="inclusive")[int(round(q * 100)) - 1]
+    return float(np.quantile(values, q))
 
 
 def _fmt(key: str, value: float) -> str:

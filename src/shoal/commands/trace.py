@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Annotated, Any, Optional
 
 import typer
@@ -22,12 +23,11 @@ def trace(
     """Write a Perfetto / chrome://tracing file: one track per worker (wait, pull, compute, push) and group server."""
     from shoal.report.trace import build_trace
 
-    records = read_metrics(run)
-    if not any(r.get("event") == "iteration" for r in records):
+    doc = build_trace(read_metrics(metrics_file(run)), title=run.resolve().name)  # one streaming pass
+    if not doc["otherData"]["iterations"]:
         raise ConfigError(f"{run / 'metrics.jsonl'}: no iteration records (the run had "
                           "backend.log_iterations = false); run it again with --set backend.log_iterations=true")
     target = out if out is not None else run / "trace.json"
-    doc = build_trace(records, title=run.resolve().name)
     text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -39,27 +39,42 @@ def trace(
                "open it at https://ui.perfetto.dev or chrome://tracing")
 
 
-def read_metrics(run: Path) -> list[dict[str, Any]]:
-    """The records of RUN/metrics.jsonl; one clear line if it is missing or not shoal's JSON lines."""
+def metrics_file(run: Path) -> Path:
+    """RUN/metrics.jsonl, or one clear line when there is none."""
     path = run / "metrics.jsonl"
     if not path.is_file():
         hint = " (a comparison: pass one scheme's folder)" if (run / "compare.json").is_file() else ""
         raise ConfigError(f"{run}: no metrics.jsonl here{hint}")
-    records = []
+    return path
+
+
+def read_metrics(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a metrics.jsonl, streamed (it can hold millions of lines); one clear line for a bad one.
+
+    A last line cut short (a run killed mid-write) is dropped: what came before it is good.
+    """
     try:
-        lines = path.read_text().splitlines()
+        with open(path) as stream:
+            pending: tuple[int, str] | None = None
+            for number, line in enumerate(stream, 1):
+                if pending is not None:
+                    yield _record(path, *pending, last=False)
+                pending = (number, line) if line.strip() else None
+            if pending is not None:
+                record = _record(path, *pending, last=True)
+                if record is not None:
+                    yield record
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot be read ({type(err).__name__})") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            if number == len(lines):  # a run killed mid-write leaves a partial last line: the rest is good
-                break
-            raise ConfigError(f"{path}:{number}: not a JSON line ({err.msg})") from None
-        if not isinstance(record, dict) or "event" not in record:
-            raise ConfigError(f"{path}:{number}: not a shoal metrics record (a JSON object with \"event\")")
-        records.append(record)
-    return records
+
+
+def _record(path: Path, number: int, line: str, last: bool) -> Any:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        if last:
+            return None
+        raise ConfigError(f"{path}:{number}: not a JSON line ({err.msg})") from None
+    if not isinstance(record, dict) or "event" not in record:
+        raise ConfigError(f"{path}:{number}: not a shoal metrics record (a JSON object with \"event\")")
+    return record
