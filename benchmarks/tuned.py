@@ -9,13 +9,15 @@
    seeds again, so final accuracies compare at the same time); rows report
    the median with min..max and a bootstrap 90% interval over all seeds.
 
-Runs are cached by (name, scheme, grid value, seed, config) under
-runs/bench-cache/, so an interrupted benchmark resumes where it stopped.
+Runs are cached by (name, scheme, grid value, seed, config, source of the
+package) under runs/bench-cache/, so an interrupted benchmark resumes where
+it stopped, and a change to src/shoal runs everything again.
 Every results file records the git commit and the command.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import statistics
@@ -41,6 +43,7 @@ def provenance() -> dict[str, Any]:
             "command": " ".join([".venv/bin/python", *[a if " " not in a else repr(a) for a in sys.argv]])}
 
 
+@functools.cache
 def source_hash() -> str:
     """A hash of the package's source: recorded with every cached run, so a reader sees which code made it."""
     digest = hashlib.sha1()
@@ -93,7 +96,8 @@ def similarity_stats(sims: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _key(name: str, overrides: list[str]) -> str:
-    return f"{name}-{hashlib.sha1(json.dumps(overrides).encode()).hexdigest()[:16]}"
+    """The cache key: the config and the package's source, so a results file never mixes runs of older code."""
+    return f"{name}-{hashlib.sha1(json.dumps([source_hash(), overrides]).encode()).hexdigest()[:16]}"
 
 
 def run_protocol(name: str, base: list[str], schemes: dict[str, list[str]], tune_key: str, values: list[Any],
