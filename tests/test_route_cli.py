@@ -54,7 +54,7 @@ def test_json_contract_for_every_algorithm(app) -> None:
     out = json.loads(res.stdout)
     assert out["instance"]["workers"] == 100 and out["instance"]["programmable"] == 16
     results = out["results"]
-    assert set(results) == {"grid", "rgria", "exact", "geryon", "atp", "switchml"}
+    assert set(results) == {"grid", "rgria", "exact", "geryon", "atp", "atp2", "switchml"}
     for name, rec in results.items():
         assert CONTRACT <= set(rec), name
         assert len(rec["assignment"]) == 100

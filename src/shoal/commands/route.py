@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the network package (numpy, scipy, highspy) loads only when
 
     from shoal.network import Instance, Result
 
-ALGO_HELP = "grid | rgria | exact | geryon | atp | switchml | all, or a comma-separated list."
+ALGO_HELP = "grid | rgria | exact | geryon | atp | atp2 | switchml | all, or a comma-separated list."
 
 
 @user_errors_exit_2
@@ -31,7 +31,10 @@ def route(
     link_gbps: Annotated[Optional[str], typer.Option(help="Bandwidth of every link, Gbps, or inf (the paper's link-free model); default: the file's, else 100.")] = None,
     ps_gbps: Annotated[float, typer.Option(help="PS ingress bandwidth B, Gbps.")] = 100.0,
     worker_gbps: Annotated[float, typer.Option(help="Maximum worker sending rate T, Gbps.")] = 100.0,
-    seed: Annotated[int, typer.Option(help="Seeds placement, programmable switches, capacities and rgria's rounding.")] = 0,
+    hosts_per_rack: Annotated[Optional[int], typer.Option(help="Hosts under each top-of-rack switch of a generated topology (same as hosts=H in the spec).")] = None,
+    placement: Annotated[str, typer.Option(help="random: --workers N hosts drawn by --seed; packed: rack by rack, filling each rack before the next.")] = "random",
+    seed: Annotated[int, typer.Option(min=0, help="Seeds placement, programmable switches, capacities and rgria's rounding (>= 0).")] = 0,
+    time_limit: Annotated[float, typer.Option(help="Seconds each algorithm may plan; it then returns its best plan so far or says it ran out.")] = 60.0,
     algo: Annotated[str, typer.Option(help=ALGO_HELP)] = "grid",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (per algorithm: min_rate_gbps, bound_gbps, ps_load_gbps, ...).")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="Draw the topology with each plan into this PNG.")] = None,
@@ -46,9 +49,15 @@ def route(
     algos = _parse_algos(algo)
     _check_output(plot, "--plot", ".png")
     _check_output(save, "--save", ".json")
+    if not (time_limit > 0 and math.isfinite(time_limit)):
+        raise ConfigError(f"--time-limit: must be a positive number of seconds, got {time_limit}")
+    if placement not in ("random", "packed"):
+        raise ConfigError(f"--placement: expected random or packed, got {placement!r}")
     from_file = topology.split(":", 1)[0] not in ("fattree", "leafspine")
+    if hosts_per_rack is not None and from_file:
+        raise ConfigError("--hosts-per-rack: only for fattree:... and leafspine:... topologies (a file lists its hosts)")
     link = parse_bandwidth(link_gbps, "--link-gbps") if link_gbps is not None else None
-    graph = parse_topology_spec(topology, link)
+    graph = parse_topology_spec(topology, link, hosts_per_rack)
     cap_spec = capacity if capacity is not None else (None if from_file else "100:3200")
     inst = build_instance(
         graph,
@@ -59,10 +68,14 @@ def route(
         ps_gbps=ps_gbps,
         worker_gbps=worker_gbps,
         seed=seed,
+        placement=placement,
         source=topology if from_file else "--topology",
     )
+    if inst.unreachable:
+        typer.echo(f"note: {len(inst.unreachable)} programmable switch(es) cannot be reached by any worker or cannot reach the PS "
+                   f"and are left out: {', '.join(inst.unreachable[:8])}{' ...' if len(inst.unreachable) > 8 else ''}", err=True)
     routes = Routes(inst.graph)
-    results = [solve(inst, a, seed, routes) for a in algos]
+    results = [solve(inst, a, seed, routes, time_limit) for a in algos]
     if plot is not None:
         from shoal.network.plot import draw_plans
 
@@ -108,6 +121,8 @@ def _check_output(path: Path | None, option: str, suffix: str) -> None:
 def _cells(r: Result) -> list[str]:
     """One plan's numbers, in the table's column order."""
     ev = r.evaluation
+    if ev is None or r.plan is None:
+        return ["time limit", "-", "-", "-", "-", "-", "-", "-", "no plan", f"{r.solve_s:.3f}"]
     worst = max((v.factor for v in ev.violations), default=None)
     viol = "0" if not ev.violations else f"{len(ev.violations)} (worst x{_fmt(worst)})"
     return [_fmt(ev.min_rate_gbps, 3), _fmt(r.bound_gbps), _fmt(r.plan.claimed_rate_gbps), str(ev.ps_streams),

@@ -3,11 +3,13 @@
 Every worker sends its gradient stream at the same rate lambda (the PS waits
 for all of them, so a faster worker gains nothing). A worker's stream runs
 along its path to its aggregation node; a switch that aggregates k >= 1
-workers sends one stream at lambda along its path to the PS. Then
+input streams sends one stream at lambda along its path to its parent: the
+PS, or (two-level aggregation, as ATP does it) another switch, where that
+stream is one more input. Then
 
     lambda <= T                      (worker rate)
-    k_s * lambda <= C_s              (each used switch)
-    (d + a) * lambda <= B            (PS ingress: d direct workers, a used switches)
+    k_s * lambda <= C_s              (each used switch, k_s = its workers + child switches)
+    (d + a) * lambda <= B            (PS ingress: d direct workers, a switches whose parent is the PS)
     n_e * lambda <= bandwidth_e      (each directed link e carrying n_e streams)
 
 and the honest rate is the largest lambda that meets them all. Loads,
@@ -32,12 +34,31 @@ TOL = 1e-9
 
 @dataclass(frozen=True)
 class Plan:
-    """Each worker's aggregation node (a programmable switch or the PS), and paths if chosen."""
+    """Each worker's aggregation node (a programmable switch or the PS), and paths if chosen.
+
+    ``parents`` sends a used switch's aggregated stream to another switch
+    instead of the PS (two-level aggregation); ``switch_paths[s]`` runs from
+    s to its parent.
+    """
 
     assignment: Mapping[str, str]
     worker_paths: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     switch_paths: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     claimed_rate_gbps: float | None = None
+    parents: Mapping[str, str] = field(default_factory=dict)
+
+    def parent(self, switch: str, ps: str) -> str:
+        """Where a used switch sends its aggregated stream."""
+        return self.parents.get(switch, ps)
+
+    def used_switches(self, ps: str) -> list[str]:
+        """Switches that aggregate at least one stream: the workers' nodes and every parent above them."""
+        used = {a for a in self.assignment.values() if a != ps}
+        frontier = set(used)
+        while frontier:
+            frontier = {self.parents[s] for s in frontier if s in self.parents and self.parents[s] != ps} - used
+            used |= frontier
+        return sorted(used)
 
 
 @dataclass(frozen=True)
@@ -59,7 +80,8 @@ class Evaluation:
     bottleneck: str
     ps_streams: int
     ps_load_gbps: float
-    switch_workers: dict[str, int]
+    switch_workers: dict[str, int]  # workers aggregated at each used switch
+    switch_inputs: dict[str, int]  # streams into each used switch: its workers plus its child switches
     switch_utilisation: dict[str, float]
     link_streams: dict[tuple[str, str], int]
     link_utilisation: dict[tuple[str, str], float]
@@ -79,9 +101,9 @@ class Evaluation:
 def complete_paths(plan: Plan, inst: Instance, routes: Routes) -> Plan:
     """Fill in default (ECMP shortest) paths where the plan has none."""
     wp = {w: tuple(plan.worker_paths[w]) if w in plan.worker_paths else routes.path(w, plan.assignment[w]) for w in inst.workers}
-    used = sorted({a for a in plan.assignment.values() if a != inst.ps})
-    sp = {s: tuple(plan.switch_paths[s]) if s in plan.switch_paths else routes.path(s, inst.ps) for s in used}
-    return Plan(dict(plan.assignment), wp, sp, plan.claimed_rate_gbps)
+    sp = {s: tuple(plan.switch_paths[s]) if s in plan.switch_paths else routes.path(s, plan.parent(s, inst.ps))
+          for s in plan.used_switches(inst.ps)}
+    return Plan(dict(plan.assignment), wp, sp, plan.claimed_rate_gbps, dict(plan.parents))
 
 
 def evaluate(inst: Instance, plan: Plan, routes: Routes | None = None) -> Evaluation:
@@ -89,23 +111,27 @@ def evaluate(inst: Instance, plan: Plan, routes: Routes | None = None) -> Evalua
     _check_assignment(inst, plan)
     plan = complete_paths(plan, inst, routes or Routes(inst.graph))
     _check_paths(inst, plan)
-    k = Counter(a for a in plan.assignment.values() if a != inst.ps)
-    direct = sum(1 for a in plan.assignment.values() if a == inst.ps)
+    workers = Counter(a for a in plan.assignment.values() if a != inst.ps)
+    used = plan.used_switches(inst.ps)
+    k = Counter({s: workers[s] for s in used}) + Counter(plan.parent(s, inst.ps) for s in used)
+    del k[inst.ps]
+    ps_streams = sum(1 for a in plan.assignment.values() if a == inst.ps) + sum(1 for s in used if plan.parent(s, inst.ps) == inst.ps)
     streams = _link_streams(plan)
-    limits = _limits(inst, k, direct + len(k), streams)
+    limits = _limits(inst, k, ps_streams, streams)
     honest, bottleneck = min(limits, key=lambda t: t[0]) if limits else (math.inf, "none")
     rate = honest if plan.claimed_rate_gbps is None else plan.claimed_rate_gbps
     return Evaluation(
         min_rate_gbps=honest,
         rate_gbps=rate,
         bottleneck=bottleneck,
-        ps_streams=direct + len(k),
-        ps_load_gbps=(direct + len(k)) * rate,
-        switch_workers=dict(sorted(k.items())),
-        switch_utilisation={s: _util(n * rate, inst.capacity(s)) for s, n in sorted(k.items())},
+        ps_streams=ps_streams,
+        ps_load_gbps=ps_streams * rate,
+        switch_workers={s: workers[s] for s in used},
+        switch_inputs={s: k[s] for s in used},
+        switch_utilisation={s: _util(k[s] * rate, inst.capacity(s)) for s in used},
         link_streams=streams,
         link_utilisation={e: _util(n * rate, _bw(inst, e)) if math.isfinite(_bw(inst, e)) else math.nan for e, n in streams.items()},
-        violations=tuple(_violations(inst, k, direct + len(k), streams, rate)),
+        violations=tuple(_violations(inst, k, ps_streams, streams, rate)),
     )
 
 
@@ -116,13 +142,22 @@ def _check_assignment(inst: Instance, plan: Plan) -> None:
     for w, a in plan.assignment.items():
         if a not in allowed:
             raise ValueError(f"worker {w!r} assigned to {a!r}, which cannot aggregate")
+    for s, parent in plan.parents.items():
+        if s not in inst.programmable or parent not in allowed:
+            raise ValueError(f"switch {s!r} sends to {parent!r}: both must be able to aggregate")
+        seen = {s}
+        while parent != inst.ps:
+            if parent in seen:
+                raise ValueError(f"aggregation loop through {parent!r}")
+            seen.add(parent)
+            parent = plan.parent(parent, inst.ps)
 
 
 def _check_paths(inst: Instance, plan: Plan) -> None:
     for w, a in plan.assignment.items():
         _check_path(inst, plan.worker_paths[w], w, a)
     for s, p in plan.switch_paths.items():
-        _check_path(inst, p, s, inst.ps)
+        _check_path(inst, p, s, plan.parent(s, inst.ps))
 
 
 def _check_path(inst: Instance, path: tuple[str, ...], src: str, dst: str) -> None:

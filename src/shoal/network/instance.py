@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -33,7 +35,20 @@ class Instance:
 
     @cached_property
     def programmable(self) -> tuple[str, ...]:
-        """Programmable switches with a positive capacity: the candidate aggregation nodes."""
+        """The candidate aggregation nodes: programmable switches with a positive capacity that
+        some worker can reach and that can reach the PS (over positive-bandwidth links)."""
+        cut = set(self.unreachable)
+        return tuple(s for s in self._capable if s not in cut)
+
+    @cached_property
+    def unreachable(self) -> tuple[str, ...]:
+        """Programmable switches left out because no worker's stream could get there, or theirs to the PS."""
+        from_workers = _switches_reached(self.graph, self.workers)
+        to_ps = _switches_reached(self.graph, [self.ps])
+        return tuple(s for s in self._capable if s not in from_workers or s not in to_ps)
+
+    @cached_property
+    def _capable(self) -> tuple[str, ...]:
         return tuple(s for s in switches(self.graph) if self.graph.nodes[s]["programmable"] and self.graph.nodes[s]["capacity_gbps"] > 0)
 
     def capacity(self, switch: str) -> float:
@@ -53,6 +68,7 @@ class Instance:
             "workers": len(self.workers),
             "ps": self.ps,
             "programmable": len(self.programmable),
+            "unreachable_programmable": list(self.unreachable),
             "ps_gbps": self.ps_gbps,
             "worker_gbps": self.worker_gbps,
             "links_constrained": self.links_constrained,
@@ -96,10 +112,10 @@ def parse_workers(spec: str | None) -> int | list[str] | None:
     """``N`` (random placement) or ``h1,h2,...`` (explicit)."""
     if spec is None:
         return None
-    if spec.strip().isdigit():
+    if re.fullmatch(r"\s*[-+]?\d+\s*", spec):
         n = int(spec)
         if n < 1:
-            raise ConfigError("--workers: need at least one worker")
+            raise ConfigError(f"--workers: need at least one worker, got {n}")
         return n
     names = [w.strip() for w in spec.split(",") if w.strip()]
     if not names:
@@ -126,6 +142,7 @@ def build_instance(
     ps_gbps: float = 100.0,
     worker_gbps: float = 100.0,
     seed: int = 0,
+    placement: str = "random",
     source: str = "--topology",
 ) -> Instance:
     """Place the PS and workers, mark programmable switches, draw capacities, validate.
@@ -133,7 +150,13 @@ def build_instance(
     ``programmable``: ``tor``, ``all``, ``none``, ``random:F`` (fraction of all
     switches), ``file`` (keep the graph's flags), a list of switch names, or a
     path to a JSON list of them. ``capacity`` None keeps the graph's capacities.
+    ``placement`` (for a worker count): ``random`` hosts by seed, or ``packed``
+    rack by rack in order, each rack filled before the next.
     """
+    if seed < 0:
+        raise ConfigError(f"--seed: must be >= 0, got {seed}")
+    if placement not in ("random", "packed"):
+        raise ConfigError(f"--placement: expected random or packed, got {placement!r}")
     g = graph.copy()
     if link_gbps is not None:
         set_link_bandwidth(g, link_gbps)
@@ -142,7 +165,7 @@ def build_instance(
     _check_not_all_zero(g, source)
     the_ps = _place_ps(g, ps, seed, source)
     reachable = reachable_hosts(g, the_ps)
-    chosen = _place_workers(g, the_ps, reachable, workers, seed, source)
+    chosen = _place_workers(g, the_ps, reachable, workers, seed, source, placement)
     _mark_programmable(g, programmable, seed)
     if capacity is not None:
         _draw_capacities(g, capacity, seed)
@@ -177,6 +200,19 @@ def reachable_hosts(g: nx.Graph, ps: str) -> set[str]:
     return {h for h in seen if h != ps and g.nodes[h]["kind"] == "host"}
 
 
+def _switches_reached(g: nx.Graph, sources: Iterable[str]) -> set[str]:
+    """Switches reachable from any of ``sources`` over positive-bandwidth links, forwarding only through switches."""
+    seen = set(sources)
+    queue = deque(seen)
+    while queue:
+        u = queue.popleft()
+        for v, attrs in g[u].items():
+            if v not in seen and attrs["bandwidth_gbps"] > 0 and g.nodes[v]["kind"] == "switch":
+                seen.add(v)
+                queue.append(v)
+    return {n for n in seen if g.nodes[n]["kind"] == "switch"}
+
+
 def _place_ps(g: nx.Graph, ps: str | None, seed: int, source: str) -> str:
     ps = ps if ps is not None else g.graph.get("ps")
     all_hosts = hosts(g)
@@ -189,7 +225,8 @@ def _place_ps(g: nx.Graph, ps: str | None, seed: int, source: str) -> str:
     return ps
 
 
-def _place_workers(g: nx.Graph, ps: str, reachable: set[str], workers: int | list[str] | None, seed: int, source: str) -> list[str]:
+def _place_workers(g: nx.Graph, ps: str, reachable: set[str], workers: int | list[str] | None, seed: int, source: str,
+                   placement: str = "random") -> list[str]:
     if workers is None:
         workers = g.graph.get("workers") or len(reachable)
     if isinstance(workers, int):
@@ -197,6 +234,8 @@ def _place_workers(g: nx.Graph, ps: str, reachable: set[str], workers: int | lis
             raise ConfigError(f"{source}: no host has a path with positive bandwidth to the PS {ps!r}")
         if workers > len(reachable):
             raise ConfigError(f"--workers: asked for {workers} workers but only {len(reachable)} hosts can reach the PS {ps!r}")
+        if placement == "packed":
+            return sorted(sorted(reachable, key=lambda h: _natural(_rack(g, h), h))[:workers])
         pool = sorted(reachable)
         picks = rng_for(seed, "workers").choice(len(pool), size=workers, replace=False)
         return sorted(pool[i] for i in picks)
@@ -210,6 +249,16 @@ def _place_workers(g: nx.Graph, ps: str, reachable: set[str], workers: int | lis
     if len(set(workers)) != len(workers):
         raise ConfigError(f"{source}: a worker is listed twice")
     return list(workers)
+
+
+def _rack(g: nx.Graph, host: str) -> str:
+    """A host's top-of-rack switch: its first-named switch neighbour."""
+    return min((v for v in g[host] if g.nodes[v]["kind"] == "switch"), default="")
+
+
+def _natural(*names: str) -> tuple[tuple[int | str, ...], ...]:
+    """Sort key that orders e2.10 after e2.9."""
+    return tuple(tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", n)) for n in names)
 
 
 def _mark_programmable(g: nx.Graph, spec: str | list[str], seed: int) -> None:

@@ -22,6 +22,7 @@ from matplotlib.colors import LinearSegmentedColormap, Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from shoal.config import ConfigError
 from shoal.network.algorithms import Result
 from shoal.network.evaluator import Evaluation
 from shoal.network.instance import Instance
@@ -71,7 +72,10 @@ def _fan_hosts(pos: dict[str, tuple[float, float]], hosts: Sequence[str]) -> Non
 
 
 def draw_plans(inst: Instance, results: Sequence[Result], path: str | Path) -> None:
-    """Write one PNG with a panel per result."""
+    """Write one PNG with a panel per result (an algorithm that ran out of time with no plan has none)."""
+    results = [r for r in results if not r.timed_out]
+    if not results:
+        raise ConfigError("--plot: no algorithm returned a plan within the time limit, so there is nothing to draw")
     cols = 1 if len(results) == 1 else 2
     rows = math.ceil(len(results) / cols)
     fig = Figure(figsize=(9 * cols, 5.2 * rows), layout="constrained")
@@ -89,14 +93,15 @@ def draw_plans(inst: Instance, results: Sequence[Result], path: str | Path) -> N
 
 def utilisation_norm(results: Sequence[Result]) -> TwoSlopeNorm:
     """Colours from 0 to the worst overload any plan shows (at least 2x), white-ish at 1: 14x stays 14x."""
-    worst = max([2.0] + [u for r in results for u in (r.evaluation.max_link_utilisation,
-                                                       r.evaluation.max_switch_utilisation)
+    evaluations = [r.evaluation for r in results if r.evaluation is not None]
+    worst = max([2.0] + [u for ev in evaluations for u in (ev.max_link_utilisation, ev.max_switch_utilisation)
                          if u is not None and math.isfinite(u)])
     return TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=math.ceil(worst))
 
 
 def _panel(ax: Axes, inst: Instance, res: Result, pos: dict[str, tuple[float, float]], norm: Normalize) -> None:
     g, ev = inst.graph, res.evaluation
+    assert ev is not None and res.plan is not None  # draw_plans leaves out results without a plan
     shown = set(pos)
     faint = [(pos[u], pos[v]) for u, v in g.edges() if u in shown and v in shown]
     for (x0, y0), (x1, y1) in faint:
@@ -132,17 +137,19 @@ def _switches(ax: Axes, inst: Instance, ev: Evaluation, pos: dict[str, tuple[flo
     ax.scatter([pos[s][0] for s in plain], [pos[s][1] for s in plain], s=14, marker="s", color="0.7", zorder=2)
     ax.scatter([pos[s][0] for s in idle], [pos[s][1] for s in idle], s=22, marker="s", facecolor="white", edgecolor="0.2", lw=0.8, zorder=2)
     used = list(ev.switch_workers)
-    ax.scatter([pos[s][0] for s in used], [pos[s][1] for s in used], s=[_size(ev.switch_workers[s]) for s in used],
+    ax.scatter([pos[s][0] for s in used], [pos[s][1] for s in used], s=[_size(ev.switch_inputs[s]) for s in used],
                marker="s", c=[ev.switch_utilisation[s] for s in used], cmap=CMAP, norm=norm, edgecolor="black", lw=1.0, zorder=3)
     for i, s in enumerate(sorted(used, key=lambda s: pos[s])):
-        offset = (4 + 0.5 * math.sqrt(_size(ev.switch_workers[s]))) * (1 if i % 2 == 0 else -1.6)
-        ax.annotate(f"{s}: {ev.switch_workers[s]}w", pos[s], textcoords="offset points", xytext=(0, offset), ha="center", fontsize=7, zorder=4,
+        offset = (4 + 0.5 * math.sqrt(_size(ev.switch_inputs[s]))) * (1 if i % 2 == 0 else -1.6)
+        children = ev.switch_inputs[s] - ev.switch_workers[s]
+        label = f"{s}: {ev.switch_workers[s]}w" + (f" + {children} switch streams" if children else "")
+        ax.annotate(label, pos[s], textcoords="offset points", xytext=(0, offset), ha="center", fontsize=7, zorder=4,
                     bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
 
 
-def _size(workers: int) -> float:
-    """Marker area of an aggregating switch: grows with its workers, but stays on the page."""
-    return 40 + 40 * math.sqrt(workers)
+def _size(inputs: int) -> float:
+    """Marker area of an aggregating switch: grows with its input streams, but stays on the page."""
+    return 40 + 40 * math.sqrt(inputs)
 
 
 def _hosts(ax: Axes, inst: Instance, res: Result, pos: dict[str, tuple[float, float]]) -> None:
@@ -160,7 +167,7 @@ def _legend() -> list[Line2D]:
 
     return [
         mk("*", color="crimson", markersize=11, label="PS"),
-        mk("s", color="#fdae61", markeredgecolor="black", markersize=9, label="aggregating switch (size, label: workers; colour: utilisation)"),
+        mk("s", color="#fdae61", markeredgecolor="black", markersize=9, label="aggregating switch (size: input streams; label: workers; colour: utilisation)"),
         mk("s", markerfacecolor="white", markeredgecolor="0.2", markersize=6, label="programmable, unused"),
         mk("s", color="0.7", markersize=5, label="not programmable"),
         mk("o", color="tab:blue", markersize=4, label="worker aggregated in-network"),

@@ -27,6 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from shoal.config import ConfigError
 
 DEFAULT_LINK_GBPS = 100.0
+MAX_SWITCHES = 20_000  # generated topologies beyond these sizes are refused (a k = 126 fat-tree has 19,845 switches)
+MAX_HOSTS = 250_000
+MAX_LINKS = 2_000_000
 
 
 # --------------------------------------------------------------------------- generators
@@ -43,6 +46,7 @@ def fat_tree(k: int = 8, hosts_per_edge: int | None = None, link_gbps: float = D
     hosts = half if hosts_per_edge is None else hosts_per_edge
     if hosts < 1:
         raise ConfigError(f"--topology: fattree hosts must be >= 1, got {hosts}")
+    _check_size(f"fattree k={k}", 5 * half * half, k * half * hosts, k * half * half * 2 + k * half * hosts)
     g = nx.Graph(name=f"fattree:k={k},hosts={hosts}")
     cores = [f"c{i}" for i in range(half * half)]
     for c in cores:
@@ -66,6 +70,7 @@ def leaf_spine(spines: int = 30, leaves: int = 30, hosts_per_leaf: int = 10, lin
     for key, value in (("spines", spines), ("leaves", leaves), ("hosts", hosts_per_leaf)):
         if value < 1:
             raise ConfigError(f"--topology: leafspine {key} must be >= 1, got {value}")
+    _check_size(f"leafspine spines={spines},leaves={leaves}", spines + leaves, leaves * hosts_per_leaf, spines * leaves + leaves * hosts_per_leaf)
     g = nx.Graph(name=f"leafspine:spines={spines},leaves={leaves},hosts={hosts_per_leaf}")
     for s in range(spines):
         _add_switch(g, f"s{s}", "spine")
@@ -75,6 +80,13 @@ def leaf_spine(spines: int = 30, leaves: int = 30, hosts_per_leaf: int = 10, lin
             g.add_edge(f"l{leaf}", f"s{s}", bandwidth_gbps=link_gbps)
         _add_hosts(g, f"l{leaf}", f"h{leaf}", hosts_per_leaf, link_gbps)
     return g
+
+
+def _check_size(what: str, n_switches: int, n_hosts: int, n_links: int) -> None:
+    """Refuse, in one line, a topology too big to plan on (instead of building it for minutes)."""
+    for count, cap, noun in ((n_switches, MAX_SWITCHES, "switches"), (n_hosts, MAX_HOSTS, "hosts"), (n_links, MAX_LINKS, "links")):
+        if count > cap:
+            raise ConfigError(f"--topology: {what} has {count:,} {noun}; shoal plans on at most {cap:,}")
 
 
 def _add_hosts(g: nx.Graph, switch: str, prefix: str, count: int, link_gbps: float) -> None:
@@ -123,10 +135,11 @@ def set_link_bandwidth(g: nx.Graph, gbps: float) -> None:
 _SPEC_KEYS = {"fattree": ("k", "hosts"), "leafspine": ("spines", "leaves", "hosts")}
 
 
-def parse_topology_spec(spec: str, link_gbps: float | None = None) -> nx.Graph:
+def parse_topology_spec(spec: str, link_gbps: float | None = None, hosts_per_rack: int | None = None) -> nx.Graph:
     """``fattree:k=8[,hosts=4]``, ``leafspine:spines=30,leaves=30[,hosts=10]`` or a JSON file path.
 
-    ``link_gbps`` overrides every link's bandwidth (generated topologies default to 100 Gbps).
+    ``link_gbps`` overrides every link's bandwidth (generated topologies default to 100 Gbps);
+    ``hosts_per_rack`` overrides ``hosts=`` of a generated one.
     """
     kind, _, rest = spec.partition(":")
     if kind not in _SPEC_KEYS:
@@ -137,6 +150,10 @@ def parse_topology_spec(spec: str, link_gbps: float | None = None) -> nx.Graph:
             return g
         raise ConfigError(f"--topology: {spec!r} is neither fattree:..., leafspine:... nor an existing JSON file")
     params = _parse_params(kind, rest)
+    if hosts_per_rack is not None:
+        if "hosts" in params and params["hosts"] != hosts_per_rack:
+            raise ConfigError(f"--hosts-per-rack {hosts_per_rack} contradicts hosts={params['hosts']} in --topology")
+        params["hosts"] = hosts_per_rack
     bw = DEFAULT_LINK_GBPS if link_gbps is None else link_gbps
     if kind == "fattree":
         return fat_tree(params.get("k", 8), params.get("hosts"), bw)

@@ -51,6 +51,8 @@ def plan_aggregation(cfg: Config) -> AggregationPlan:
         source="network.topology",
     ))
     result = solve(inst, net.algorithm, seed=cfg.run.seed)
+    if result.evaluation is None or result.plan is None:
+        raise ConfigError(f"network: the {net.algorithm} planner ran out of time ({result.notes.get('time_limit')}); try network.algorithm = \"grid\"")
     rate_gbps = min(result.evaluation.min_rate_gbps, cfg.cluster.link_gbps)
     if not rate_gbps > 0:
         raise ConfigError(f"network: the {net.algorithm} plan leaves a worker with no feasible sending rate")

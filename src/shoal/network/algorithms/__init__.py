@@ -1,7 +1,9 @@
 """Routing planners, all scored by the one evaluator.
 
-A planner is a pure function ``(instance, routes, seed) -> (plan, bound_gbps, notes)``;
-``solve`` times it and scores the plan.
+A planner is a pure function ``(instance, routes, seed, deadline) -> (plan, bound_gbps, notes)``;
+``solve`` times it and scores the plan. A planner checks the deadline between
+steps: it returns its best plan so far (saying so in ``notes["time_limit"]``)
+or raises TimeLimit when it has none.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shoal.network.algorithms.baselines import plan_atp, plan_geryon, plan_switchml
+from shoal.network.algorithms.baselines import plan_atp, plan_atp_two_level, plan_geryon, plan_switchml
+from shoal.network.algorithms.budget import Deadline, TimeLimit
 from shoal.network.algorithms.exact import plan_exact
 from shoal.network.algorithms.grid import plan_grid
 from shoal.network.algorithms.rgria import plan_rgria
@@ -19,7 +22,7 @@ from shoal.network.evaluator import Evaluation, Plan, complete_paths, evaluate
 from shoal.network.instance import Instance
 from shoal.network.routing import Routes
 
-Planner = Callable[[Instance, Routes, int], tuple[Plan, "float | None", dict[str, object]]]
+Planner = Callable[[Instance, Routes, int, Deadline], tuple[Plan, "float | None", dict[str, object]]]
 
 ALGORITHMS: dict[str, Planner] = {
     "grid": plan_grid,
@@ -27,23 +30,34 @@ ALGORITHMS: dict[str, Planner] = {
     "exact": plan_exact,
     "geryon": plan_geryon,
     "atp": plan_atp,
+    "atp2": plan_atp_two_level,
     "switchml": plan_switchml,
 }
 
 
 @dataclass(frozen=True)
 class Result:
+    """One planner's plan and its evaluation; both None when it ran out of time with no plan (``timed_out``)."""
+
     algo: str
-    plan: Plan
-    evaluation: Evaluation
+    plan: Plan | None
+    evaluation: Evaluation | None
     bound_gbps: float | None
     solve_s: float
     notes: dict[str, object] = field(default_factory=dict)
 
+    @property
+    def timed_out(self) -> bool:
+        return self.plan is None
+
     def to_json(self, with_assignment: bool = True) -> dict[str, object]:
         """The `shoal route --json` record (the route contract, plus detail)."""
+        if self.plan is None or self.evaluation is None:
+            return _clean({"status": "time limit", "min_rate_gbps": None, "bound_gbps": self.bound_gbps,
+                           "solve_s": self.solve_s, "notes": self.notes})
         ev = self.evaluation
         out: dict[str, object] = {
+            "status": "time limit, best plan so far" if "time_limit" in self.notes else "ok",
             "min_rate_gbps": ev.min_rate_gbps,
             "bound_gbps": self.bound_gbps,
             "claimed_rate_gbps": self.plan.claimed_rate_gbps,
@@ -55,9 +69,11 @@ class Result:
             "violations": [v.to_json() for v in ev.violations],
             "solve_s": self.solve_s,
             "aggregation_switches": ev.switch_workers,
-            "direct_workers": ev.ps_streams - len(ev.switch_workers),
+            "direct_workers": sum(1 for a in self.plan.assignment.values() if a not in ev.switch_workers),
             "notes": self.notes,
         }
+        if self.plan.parents:
+            out["second_level"] = dict(sorted(self.plan.parents.items()))
         if with_assignment:
             out["assignment"] = dict(sorted(self.plan.assignment.items()))
         return _clean(out)
@@ -74,13 +90,19 @@ def _clean(obj: object) -> object:
     return obj
 
 
-def solve(inst: Instance, algo: str, seed: int = 0, routes: Routes | None = None) -> Result:
-    """Run one planner (timed) and score its plan with the evaluator."""
+DEFAULT_TIME_LIMIT_S = 60.0
+
+
+def solve(inst: Instance, algo: str, seed: int = 0, routes: Routes | None = None, time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> Result:
+    """Run one planner (timed, within ``time_limit_s``) and score its plan with the evaluator."""
     if algo not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algo!r}")
     routes = routes or Routes(inst.graph)
-    start = time.perf_counter()
-    plan, bound, notes = ALGORITHMS[algo](inst, routes, seed)
+    deadline = Deadline(time_limit_s)
+    try:
+        plan, bound, notes = ALGORITHMS[algo](inst, routes, seed, deadline)
+    except TimeLimit as err:
+        return Result(algo, None, None, None, time.perf_counter() - deadline.start, {"time_limit": str(err)})
     plan = complete_paths(plan, inst, routes)
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - deadline.start
     return Result(algo, plan, evaluate(inst, plan, routes), bound, elapsed, notes)

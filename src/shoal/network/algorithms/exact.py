@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shoal.network.algorithms.budget import NO_LIMIT, Deadline
 from shoal.network.evaluator import TOL, Plan
 from shoal.network.instance import Instance
 from shoal.network.routing import Routes
@@ -92,7 +93,7 @@ def assign_nearest(inst: Instance, routes: Routes, counts: dict[str, int]) -> di
     return assignment
 
 
-def plan_exact(inst: Instance, routes: Routes, seed: int = 0) -> tuple[Plan, float | None, dict[str, object]]:
+def plan_exact(inst: Instance, routes: Routes, seed: int = 0, deadline: Deadline = NO_LIMIT) -> tuple[Plan, float | None, dict[str, object]]:
     """The paper-model optimum; it claims that rate (links may make it infeasible: see violations)."""
     sw = list(inst.programmable)
     rate, counts = optimum(len(inst.workers), [inst.capacity(s) for s in sw], inst.ps_gbps, inst.worker_gbps)

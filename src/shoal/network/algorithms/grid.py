@@ -37,8 +37,9 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import maximum_flow
 
-from shoal.network.algorithms.baselines import plan_atp, plan_geryon, plan_switchml
+from shoal.network.algorithms.baselines import plan_atp, plan_atp_two_level, plan_geryon, plan_switchml
 from shoal.network.algorithms.exact import optimum, plan_exact, slots
+from shoal.network.algorithms.budget import NO_LIMIT, Deadline, TimeLimit
 from shoal.network.evaluator import Plan, complete_paths, evaluate
 from shoal.network.instance import Instance
 from shoal.network.routing import Routes
@@ -58,7 +59,7 @@ class FlowNet:
     def __init__(self, inst: Instance) -> None:
         g = inst.graph
         workers = set(inst.workers)
-        keep = list(inst.workers) + [n for n, d in g.nodes(data=True) if d["kind"] == "switch"] + [inst.ps]
+        keep = list(inst.workers) + [n for n, d in g.nodes(data=True) if d["kind"] == "switch" and n != inst.ps] + [inst.ps]
         self.inst = inst
         self.names = ["<source>", "<sink>"] + keep
         self.index = {n: i for i, n in enumerate(self.names)}
@@ -224,9 +225,10 @@ class _Selection:
         return self.flow == self.n
 
 
-def _grow_in_order(sel: _Selection, order: list[str]) -> None:
+def _grow_in_order(sel: _Selection, order: list[str], deadline: Deadline) -> None:
     """Fast pass: add switches in a fixed order, keeping each only if the flow grows."""
     for s in order:
+        deadline.check()
         if sel.done:
             return
         if not sel.useful(s):
@@ -236,12 +238,13 @@ def _grow_in_order(sel: _Selection, order: list[str]) -> None:
             sel.restore(before)
 
 
-def _grow_best(sel: _Selection) -> None:
+def _grow_best(sel: _Selection, deadline: Deadline) -> None:
     """Thorough pass: repeatedly add the switch that grows the flow most."""
     while not sel.done:
         base = sel.snapshot()
         best: tuple[int, str] | None = None
         for s in [s for s in sel.net.prog if sel.useful(s)]:
+            deadline.check()
             if sel.add(s) and sel.flow > base[0] and (best is None or sel.flow > best[0]):
                 best = (sel.flow, s)
             sel.restore(base)
@@ -250,7 +253,7 @@ def _grow_best(sel: _Selection) -> None:
         sel.add(best[1])
 
 
-def _swap(sel: _Selection) -> None:
+def _swap(sel: _Selection, deadline: Deadline) -> None:
     """Local search: replace one chosen switch by another while that grows the flow."""
     improved = True
     while improved and not sel.done:
@@ -260,6 +263,7 @@ def _swap(sel: _Selection) -> None:
             sel.remove(out)
             mid = sel.snapshot()
             for s in [s for s in sel.net.prog if s != out and sel.useful(s)]:
+                deadline.check()
                 if sel.add(s) and sel.flow > base[0]:
                     improved = True
                     break
@@ -269,15 +273,16 @@ def _swap(sel: _Selection) -> None:
             sel.restore(base)
 
 
-def _reroute_all(sel: _Selection) -> None:
+def _reroute_all(sel: _Selection, deadline: Deadline) -> None:
     """Rip-up and reroute each aggregated stream once."""
     for s in list(sel.chosen):
+        deadline.check()
         if sel.done:
             return
         sel.reroute(s)
 
 
-def try_rate(net: FlowNet, rate: float, thorough: bool = False) -> Plan | None:
+def try_rate(net: FlowNet, rate: float, thorough: bool = False, deadline: Deadline = NO_LIMIT) -> Plan | None:
     """A plan in which every worker sends at ``rate`` and nothing is overloaded, or None.
 
     The fast pass adds switches in one fixed order; ``thorough`` then retries
@@ -288,13 +293,13 @@ def try_rate(net: FlowNet, rate: float, thorough: bool = False) -> Plan | None:
     if rate > inst.worker_gbps * (1 + 1e-9) or slots(inst.ps_gbps, rate) < 1:
         return None
     sel = _Selection(net, rate)
-    _grow_in_order(sel, _order(net, sel.residual, sel.room))
+    _grow_in_order(sel, _order(net, sel.residual, sel.room), deadline)
     if not sel.done and thorough:
         sel = _Selection(net, rate)
-        _grow_best(sel)
-        _reroute_all(sel)
-        _swap(sel)
-        _reroute_all(sel)
+        _grow_best(sel, deadline)
+        _reroute_all(sel, deadline)
+        _swap(sel, deadline)
+        _reroute_all(sel, deadline)
     if not sel.done:
         return None
     assignment, paths = _decompose(net, sel.fmat)
@@ -326,34 +331,37 @@ def rate_candidates(inst: Instance, lo: float, hi: float) -> np.ndarray:
     return cand[(cand > lo * (1 + 1e-12)) & (cand <= hi * (1 + 1e-12))]
 
 
-def search(net: FlowNet, lo: float, hi: float, thorough: bool = False) -> Plan | None:
-    """The plan at the highest candidate rate in (lo, hi] that ``try_rate`` meets.
+def search(net: FlowNet, lo: float, hi: float, thorough: bool = False, deadline: Deadline = NO_LIMIT) -> tuple[Plan | None, bool]:
+    """(The plan at the highest candidate rate in (lo, hi] that ``try_rate`` meets, whether time ran out).
 
     The fast oracle is cheap: plain binary search. The thorough oracle is run
     only just above what the fast one reached, so it gallops upwards (1, 2,
     4, ... candidates) and bisects once it fails: one failed probe when there
-    is nothing to gain.
+    is nothing to gain. When the deadline passes, the best plan so far is returned.
     """
     cand = rate_candidates(net.inst, lo, hi)
     best: Plan | None = None
     left, right = 0, len(cand) - 1
-    if thorough:
-        step = 1
+    try:
+        if thorough:
+            step = 1
+            while left <= right:
+                probe = min(left + step - 1, right)
+                plan = try_rate(net, float(cand[probe]), thorough, deadline)
+                if plan is None:
+                    right = probe - 1
+                    break
+                best, left, step = plan, probe + 1, step * 2
         while left <= right:
-            probe = min(left + step - 1, right)
-            plan = try_rate(net, float(cand[probe]), thorough)
-            if plan is None:
-                right = probe - 1
-                break
-            best, left, step = plan, probe + 1, step * 2
-    while left <= right:
-        mid = (left + right) // 2
-        plan = try_rate(net, float(cand[mid]), thorough)
-        if plan is not None:
-            best, left = plan, mid + 1
-        else:
-            right = mid - 1
-    return best
+            mid = (left + right) // 2
+            plan = try_rate(net, float(cand[mid]), thorough, deadline)
+            if plan is not None:
+                best, left = plan, mid + 1
+            else:
+                right = mid - 1
+    except TimeLimit:
+        return best, True
+    return best, False
 
 
 def _port_limited_fit(net: FlowNet, rate: float) -> bool:
@@ -403,31 +411,87 @@ def upper_bound(net: FlowNet, hi: float) -> float:
     return best
 
 
-_FALLBACKS = (("exact", plan_exact), ("atp", plan_atp), ("switchml", plan_switchml), ("geryon", plan_geryon))
+_FALLBACKS = (("exact", plan_exact), ("atp", plan_atp), ("atp2", plan_atp_two_level), ("switchml", plan_switchml), ("geryon", plan_geryon))
 
 
-def plan_grid(inst: Instance, routes: Routes, seed: int = 0) -> tuple[Plan, float | None, dict[str, object]]:
-    """Best certified plan: the flow search's, or a baseline's/exact's if that is better."""
+def plan_grid(inst: Instance, routes: Routes, seed: int = 0, deadline: Deadline = NO_LIMIT,
+              two_level: bool = True) -> tuple[Plan, float | None, dict[str, object]]:
+    """Best certified plan: the flow search's (one level, or two through the PS's rack), or a baseline's/exact's.
+
+    ``two_level=False`` keeps to one level of aggregation (the paper's and the link-aware MILP's model).
+    """
     free_bound, _ = optimum(len(inst.workers), [inst.capacity(s) for s in inst.programmable], inst.ps_gbps, inst.worker_gbps)
-    bound = free_bound
     best_rate, method, best = -1.0, "", Plan({})
     for name, planner in _FALLBACKS:
-        plan = complete_paths(replace(planner(inst, routes)[0], claimed_rate_gbps=None), inst, routes)
+        if name == "atp2" and not two_level:
+            continue
+        plan = complete_paths(replace(planner(inst, routes, seed, deadline)[0], claimed_rate_gbps=None), inst, routes)
         rate = evaluate(inst, plan, routes).min_rate_gbps
         if rate > best_rate:
             best_rate, method, best = rate, name, plan
-    net = FlowNet(inst)
-    if inst.links_constrained:
-        bound = upper_bound(net, bound)
-    for thorough in (False, True):  # fast oracle first; the thorough one only above what it reached
-        if best_rate >= bound * (1 - 1e-12):
-            break
-        found = search(net, best_rate, bound, thorough)
-        rate = evaluate(inst, found, routes).min_rate_gbps if found is not None else -1.0
-        if found is not None and rate > best_rate:
-            best_rate, method, best = rate, "flow-search" + ("+local" if thorough else ""), found
+    bound, found, out_of_time = _flow_search(inst, free_bound, best_rate, deadline)
+    for plan, name in found:
+        rate = evaluate(inst, plan, routes).min_rate_gbps
+        if rate > best_rate:
+            best_rate, method, best = rate, name, plan
+    rooted = _rooted(inst) if two_level else None
+    if rooted is not None and not out_of_time and inst.links_constrained:  # without link limits one level is optimal
+        sub, root = rooted
+        sub_free, _ = optimum(len(sub.workers), [sub.capacity(s) for s in sub.programmable], sub.ps_gbps, sub.worker_gbps)
+        sub_bound, found, out_of_time = _flow_search(sub, sub_free, best_rate, deadline)
+        bound = max(bound, sub_bound)
+        for plan, name in found:
+            lifted = _lift(plan, inst, root)
+            rate = evaluate(inst, lifted, routes).min_rate_gbps
+            if rate > best_rate:
+                best_rate, method, best = rate, "two-level " + name, lifted
     notes = {"method": method, "link_free_optimum_gbps": free_bound, "proved_optimal": best_rate >= bound * (1 - 1e-9)}
+    if out_of_time:
+        notes["time_limit"] = f"stopped searching at the {deadline.limit_s:g} s limit; best plan so far"
     return replace(best, claimed_rate_gbps=best_rate), bound, notes
+
+
+def _flow_search(inst: Instance, free_bound: float, above: float, deadline: Deadline) -> tuple[float, list[tuple[Plan, str]], bool]:
+    """(Upper bound, plans found above ``above`` by the fast then the thorough search, whether time ran out)."""
+    net = FlowNet(inst)
+    bound = upper_bound(net, free_bound) if inst.links_constrained else free_bound
+    found: list[tuple[Plan, str]] = []
+    out_of_time = False
+    for thorough in (False, True):  # fast oracle first; the thorough one only above what it reached
+        if above >= bound * (1 - 1e-12) or out_of_time:
+            break
+        plan, out_of_time = search(net, above, bound, thorough, deadline)
+        if plan is not None:
+            found.append((plan, "flow-search" + ("+local" if thorough else "")))
+            above = max(above, evaluate(inst, plan).min_rate_gbps)
+    return bound, found, out_of_time
+
+
+def _rooted(inst: Instance) -> tuple[Instance, str] | None:
+    """The two-level model, where the PS's top-of-rack switch sums every stream and sends one to the PS.
+
+    It is the one-level model with that switch as the sink: its capacity
+    plays the PS's ingress B, and the rate is capped by B and the switch's
+    link to the PS, which carry one stream. None when the PS's rack switch
+    cannot aggregate.
+    """
+    g = inst.graph
+    live = [v for v in g[inst.ps] if g[inst.ps][v]["bandwidth_gbps"] > 0 and g.nodes[v]["kind"] == "switch"]
+    if len(live) != 1 or live[0] not in inst.programmable:
+        return None
+    root = live[0]
+    sub_graph = g.copy()
+    sub_graph.nodes[root]["programmable"] = False  # the sink now
+    cap = min(inst.worker_gbps, inst.ps_gbps, float(g[root][inst.ps]["bandwidth_gbps"]))
+    return Instance(sub_graph, root, inst.workers, ps_gbps=inst.capacity(root), worker_gbps=cap), root
+
+
+def _lift(plan: Plan, inst: Instance, root: str) -> Plan:
+    """A plan of the rooted model as a two-level plan of the instance: every used switch sends to the root."""
+    used = {a for a in plan.assignment.values() if a != root}
+    switch_paths = {s: tuple(p) for s, p in plan.switch_paths.items() if s in used}
+    switch_paths[root] = (root, inst.ps)
+    return Plan(dict(plan.assignment), dict(plan.worker_paths), switch_paths, parents=dict.fromkeys(used, root))
 
 
 # --------------------------------------------------------------------------- exact link-aware check (small instances)

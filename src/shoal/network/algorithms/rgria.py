@@ -24,12 +24,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from shoal.network.algorithms._highs import new_highs
+from shoal.network.algorithms.budget import NO_LIMIT, Deadline, TimeLimit
 from shoal.network.evaluator import Plan
 from shoal.network.instance import Instance, rng_for
 from shoal.network.routing import Routes
 
 
-def solve_relaxation(n: int, caps: list[float], ps_gbps: float, worker_gbps: float) -> tuple[float, np.ndarray]:
+def solve_relaxation(n: int, caps: list[float], ps_gbps: float, worker_gbps: float, deadline: Deadline = NO_LIMIT) -> tuple[float, np.ndarray]:
     """(LP value, fractional rates r of shape (n, |S| + 1), last column the PS).
 
     With x relaxed, "r <= T x, sum_j x = 1, 0 <= x <= 1" admits some x exactly
@@ -66,10 +67,13 @@ def solve_relaxation(n: int, caps: list[float], ps_gbps: float, worker_gbps: flo
     lp.sense_ = highspy.ObjSense.kMaximize
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = a.indptr, a.indices, a.data
-    h = new_highs()
+    deadline.check()
+    h = new_highs(max(deadline.remaining(), 1e-3) if deadline.limit_s < float("inf") else None)
     h.setOptionValue("solver", "ipm")
     h.passModel(lp)
     h.run()
+    if h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
+        raise TimeLimit(f"the LP relaxation ({ncol:,} columns) was not solved within {deadline.limit_s:g} s")
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         raise RuntimeError(f"R-GRIA relaxation not solved: {h.modelStatusToString(h.getModelStatus())}")
     sol = np.asarray(h.getSolution().col_value)
@@ -86,10 +90,10 @@ def round_rates(rates: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.minimum((draws >= cum).sum(axis=1), rates.shape[1] - 1)
 
 
-def plan_rgria(inst: Instance, routes: Routes, seed: int = 0) -> tuple[Plan, float | None, dict[str, object]]:
+def plan_rgria(inst: Instance, routes: Routes, seed: int = 0, deadline: Deadline = NO_LIMIT) -> tuple[Plan, float | None, dict[str, object]]:
     """LP + one randomized rounding (seeded); claims the LP rate, as the paper's analysis does."""
     sw = list(inst.programmable)
-    value, rates = solve_relaxation(len(inst.workers), [inst.capacity(s) for s in sw], inst.ps_gbps, inst.worker_gbps)
+    value, rates = solve_relaxation(len(inst.workers), [inst.capacity(s) for s in sw], inst.ps_gbps, inst.worker_gbps, deadline)
     picks = round_rates(rates, rng_for(seed, "rgria"))
     nodes = sw + [inst.ps]
     assignment = {w: nodes[i] for w, i in zip(inst.workers, picks)}
