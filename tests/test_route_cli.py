@@ -88,7 +88,10 @@ def test_plot_and_save_round_trip(app, tmp_path: Path) -> None:
 
 def write(tmp_path: Path, data: object, name: str = "topo.json") -> str:
     path = tmp_path / name
-    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data if isinstance(data, str) else json.dumps(data))
     return str(path)
 
 
@@ -115,6 +118,14 @@ BAD_FILES = {
     "zero capacities everywhere": (tiny(switches=[{"name": "s1", "programmable": True, "capacity_gbps": 0}],
                                         links=[{"a": x, "b": "s1", "bandwidth_gbps": 0} for x in ("ps", "w1", "w2")]),
                                    "every switch capacity and link bandwidth is zero"),
+    "empty worker list": (tiny(workers=[]), "workers: List should have at least 1 item"),
+    "empty host name": (tiny(hosts=["ps", "w1", "w2", ""]), "hosts[3]: String should have at least 1 character"),
+    "empty link end": (tiny(links=[{"a": "", "b": "s1"}]), "links[0].a: String should have at least 1 character"),
+    "string number": (tiny(switches=[{"name": "s1", "programmable": True, "capacity_gbps": "100"}]), "switches[0].capacity_gbps: Input should be a valid number"),
+    "number as a flag": (tiny(switches=[{"name": "s1", "programmable": 1}]), "switches[0].programmable: Input should be a valid boolean"),
+    "Infinity capacity": ('{"hosts": ["ps"], "switches": [{"name": "s1", "capacity_gbps": Infinity}], "links": []}', "switches[0].capacity_gbps: Input should be a finite number"),
+    "NaN bandwidth": ('{"hosts": ["ps"], "switches": [], "links": [{"a": "ps", "b": "s1", "bandwidth_gbps": NaN}]}', "links[0].bandwidth_gbps: Input should be a finite number"),
+    "not UTF-8": (b'\xff\xfe{"hosts": []}', "not UTF-8 text"),
 }
 
 
@@ -145,6 +156,13 @@ def test_bad_topology_files_exit_2_with_one_line(app, tmp_path: Path, case: str)
         (["--topology", "fattree:k=4", "--save", "/proc/1/shoal-x.json"], "--save: /proc/1/shoal-x.json: cannot write there"),
         (["--topology", "fattree:k=4", "--plot", __file__ + "/x.png"], "is not a folder"),
         (["--topology", "nothere.json"], "nothere.json: no such file"),
+        (["--topology", "fattree:k=4", "--seed", "-1"], "--seed: must be >= 0, got -1"),
+        (["--topology", "fattree:k=4", "--workers", "-3"], "--workers: need at least one worker, got -3"),
+        (["--topology", "fattree:k=4", "--time-limit", "0"], "--time-limit: must be a positive number"),
+        (["--topology", "fattree:k=4", "--placement", "clustered"], "--placement: expected random or packed"),
+        (["--topology", "fattree:k=4,hosts=2", "--hosts-per-rack", "3"], "--hosts-per-rack 3 contradicts hosts=2"),
+        (["--topology", "fattree:k=1000000"], "--topology: fattree k=1000000 has 1,250,000,000,000 switches; shoal plans on at most 20,000"),
+        (["--topology", "leafspine:spines=10,leaves=10,hosts=100000"], "1,000,000 hosts; shoal plans on at most 250,000"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(app, args: list[str], message: str) -> None:
@@ -198,3 +216,37 @@ def test_the_plot_colour_scale_reaches_the_worst_overload():
     norm = utilisation_norm(results)
     assert norm.vmax >= worst and norm.vcenter == 1.0
     assert utilisation_norm(results[:1]).vmax == 2  # a plan that breaks nothing keeps the 0..2 scale
+
+
+def test_an_unreachable_programmable_switch_is_left_out_with_a_note(app, tmp_path: Path) -> None:
+    """A big switch behind a 0 Gbps link used to crash grid, rgria and exact; now it is excluded."""
+    data = tiny(switches=[{"name": "s1", "programmable": True, "capacity_gbps": 400}, {"name": "island", "programmable": True, "capacity_gbps": 3200}],
+                links=tiny()["links"] + [{"a": "s1", "b": "island", "bandwidth_gbps": 0}])
+    res = run(app, "--topology", write(tmp_path, data), "--algo", "all", "--json")
+    assert res.exit_code == 0, res.output
+    assert "note: 1 programmable switch(es) cannot be reached" in res.stderr and "island" in res.stderr
+    out = json.loads(res.stdout)
+    assert out["instance"]["unreachable_programmable"] == ["island"]
+    for algo, r in out["results"].items():
+        assert r["status"] == "ok" and "island" not in r["aggregation_switches"], algo
+        assert r["min_rate_gbps"] > 0
+
+
+def test_a_planner_that_runs_out_of_time_says_so(app, monkeypatch) -> None:
+    """rgria's LP cannot finish in a microsecond: its entry says "time limit"; grid returns its best plan so far."""
+    res = run(app, "--topology", "fattree:k=4", "--algo", "rgria,grid", "--time-limit", "0.000001", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)["results"]
+    assert out["rgria"]["status"] == "time limit" and out["rgria"]["min_rate_gbps"] is None
+    assert "time limit" in out["rgria"]["notes"]["time_limit"]
+    assert out["grid"]["min_rate_gbps"] > 0 and out["grid"]["violations"] == []
+    table = run(app, "--topology", "fattree:k=4", "--algo", "rgria,grid", "--time-limit", "0.000001")
+    assert table.exit_code == 0 and "time limit" in table.stdout
+
+
+def test_hosts_per_rack_and_packed_placement(app) -> None:
+    out = json.loads(run(app, "--topology", "fattree:k=4", "--hosts-per-rack", "3", "--workers", "7", "--placement", "packed",
+                         "--ps", "h3.1.2", "--algo", "geryon", "--json").stdout)
+    assert out["instance"]["hosts"] == 4 * 2 * 3
+    workers = sorted(out["results"]["geryon"]["assignment"])
+    assert workers == ["h0.0.0", "h0.0.1", "h0.0.2", "h0.1.0", "h0.1.1", "h0.1.2", "h1.0.0"]  # rack by rack

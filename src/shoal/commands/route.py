@@ -33,7 +33,7 @@ def route(
     worker_gbps: Annotated[float, typer.Option(help="Maximum worker sending rate T, Gbps.")] = 100.0,
     hosts_per_rack: Annotated[Optional[int], typer.Option(help="Hosts under each top-of-rack switch of a generated topology (same as hosts=H in the spec).")] = None,
     placement: Annotated[str, typer.Option(help="random: --workers N hosts drawn by --seed; packed: rack by rack, filling each rack before the next.")] = "random",
-    seed: Annotated[int, typer.Option(min=0, help="Seeds placement, programmable switches, capacities and rgria's rounding (>= 0).")] = 0,
+    seed: Annotated[int, typer.Option(help="Seeds placement, programmable switches, capacities and rgria's rounding (>= 0).")] = 0,
     time_limit: Annotated[float, typer.Option(help="Seconds each algorithm may plan; it then returns its best plan so far or says it ran out.")] = 60.0,
     algo: Annotated[str, typer.Option(help=ALGO_HELP)] = "grid",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (per algorithm: min_rate_gbps, bound_gbps, ps_load_gbps, ...).")] = False,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -177,40 +177,49 @@ def _parse_params(kind: str, rest: str) -> dict[str, int]:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """No unknown keys, no coercion ("100" is not a number, 1 is not true), no Infinity or NaN."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+Name = Annotated[str, Field(min_length=1)]
 
 
 class SwitchSpec(_Strict):
-    name: str = Field(min_length=1)
+    name: Name
     programmable: bool = False
-    capacity_gbps: float = Field(0.0, ge=0, description="Aggregation capacity, Gbps of input.")
+    capacity_gbps: float = Field(0.0, ge=0, description="Aggregation capacity, Gbps of input; 0 = cannot aggregate.")
     tier: str | None = None
 
 
 class LinkSpec(_Strict):
-    a: str
-    b: str
-    bandwidth_gbps: float | None = Field(None, ge=0, description="Per direction; null = unconstrained.")
+    a: Name
+    b: Name
+    bandwidth_gbps: float | None = Field(None, ge=0, description="Per direction; null = unconstrained, 0 = down.")
 
 
 class TopologySpec(_Strict):
     """The JSON topology file: hosts, switches, links, optionally the PS and workers."""
 
     name: str | None = None
-    hosts: list[str]
+    hosts: list[Name]
     switches: list[SwitchSpec]
     links: list[LinkSpec]
-    ps: str | None = None
-    workers: list[str] | None = None
+    ps: Name | None = None
+    workers: list[Name] | None = Field(None, min_length=1)
 
 
 def load_topology(path: str | Path) -> nx.Graph:
     """Read and validate a JSON topology file; every problem is a one-line ConfigError."""
     src = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{src}: no such file") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{src}: not UTF-8 text (byte {err.start}); a topology file is JSON") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{src}: is a folder, not a topology file") from None
     except OSError as err:
         raise ConfigError(f"{src}: cannot read ({err.strerror})") from None
     try:
