@@ -34,6 +34,7 @@ from shoal.network.dataplane import (
     run_round,
     switch_groups,
 )
+from shoal.network.dataplane.wire import agree
 
 
 def exact_sum(gradients: dict[str, np.ndarray]) -> np.ndarray:
@@ -47,9 +48,10 @@ def grads(n_workers: int, n_values: int, seed: int = 0) -> dict[str, np.ndarray]
     return {f"w{i}": rng.standard_normal(n_values).astype(np.float32) for i in range(n_workers)}
 
 
-def assert_correct(res: RoundResult, g: dict[str, np.ndarray], assignment: dict[str, str], ps: str, f: int) -> None:
+def assert_correct(res: RoundResult, g: dict[str, np.ndarray], assignment: dict[str, str], ps: str, f: int,
+                   exponents: str = "aligned") -> None:
     err = np.abs(res.total - exact_sum(g))
-    bound = error_bound(g, assignment, ps, f)
+    bound = error_bound(g, assignment, ps, f, exponents)
     assert (err <= bound).all(), f"worst excess {np.max(err - bound)} at {np.argmax(err - bound)}"
 
 
@@ -265,7 +267,9 @@ def test_worker_resends_only_what_is_unacknowledged_after_the_timeout():
     again = w.due_resends(15.0)
     assert [f.fragment for f in again] == [0, 2] and all(f.attempt == 1 for f in again)
     assert np.array_equal(again[0].values, sent[0].values) and again[0].exp == sent[0].exp
-    assert w.next_due() == 20.0
+    assert w.next_due() == 25.0  # the second transmission waits twice as long (backoff)
+    assert w.due_resends(24.9) == []
+    assert [f.attempt for f in w.due_resends(25.0)] == [2, 2] and w.next_due() == 45.0  # then 4x
     w.on_ack(Ack(0, 1, "a"))
     assert w.counters.stale_acks == 1
     w.finish_round(0)
@@ -320,6 +324,7 @@ def rounds(draw):
         order=draw(st.none() | st.integers(0, 2**16)),
         drop=draw(st.frozensets(st.integers(0, 3 * first_wave), max_size=6)),
         timeout=draw(st.none() | st.floats(0.25, 4.0).map(lambda x: x * first_wave + 2)),
+        exponents=draw(st.sampled_from(["agreed", "aligned"])),
     )
 
 
@@ -328,10 +333,56 @@ def rounds(draw):
 def test_any_plan_order_and_losses_give_the_exact_sum_within_the_bound(case):
     res = run_round(**case)
     g, assignment, f = case["gradients"], case["assignment"], case["fragment_size"]
-    assert_correct(res, g, assignment, "ps", f)
+    assert_correct(res, g, assignment, "ps", f, case["exponents"])
     assert_consistent(res, g, assignment, "ps", f)
+    if case["exponents"] == "agreed":
+        assert all(c.fallbacks_exponent == 0 for c in res.switches.values())  # every contribution carries the agreed exponent
     if not case["drop"] and case["order"] is None and case["timeout"] is None:
         n_frag = fragment_count(next(iter(g.values())).size, f)
         for name, c in res.switches.items():  # in send order a big array aggregates everything
             if case["slots"][name] >= n_frag:
                 assert c.completed == n_frag and c.fallbacks == 0
+
+
+def test_agreed_exponents_make_the_switch_sum_plain_integers():
+    """SwitchML's way: the workers settle each fragment's exponent first, the switch never shifts."""
+    rng = np.random.default_rng(5)
+    g = {"a": rng.standard_normal(16) * 1e-3, "b": rng.standard_normal(16) * 1e3}  # exponents far apart
+    workers = {w: Worker(w, "s", 2, fragment_size=8) for w in g}
+    settled = agree([workers[w].proposal(g[w]) for w in g])
+    assert (settled == workers["b"].proposal(g["b"])).all()  # the larger magnitude wins every fragment
+    frags = {w: workers[w].fragments(0, g[w], settled) for w in g}
+    sw = Switch("s", g, slots=4)
+    out = [m for i in range(2) for w in g for m in sw.receive(frags[w][i])]
+    assert [m.complete for m in out] == [True, True] and sw.counters.fallbacks_exponent == 0
+    for i, m in enumerate(out):
+        assert m.values.tolist() == (frags["a"][i].values.astype(np.int64) + frags["b"][i].values).tolist()
+    with pytest.raises(ValueError, match="below a fragment's own"):
+        workers["b"].fragments(0, g["b"], workers["a"].proposal(g["a"]))
+
+
+def test_a_strict_switch_forwards_a_fragment_at_another_exponent_and_the_round_still_completes():
+    g = {"a": np.full(4, 1e-3), "b": np.full(4, 1e3)}
+    sw = Switch("s", g, slots=2)
+    own = {w: Worker(w, "s", 2, fragment_size=4).fragments(0, g[w])[0] for w in g}  # no agreement
+    assert sw.receive(own["a"]) == []
+    assert sw.receive(own["b"]) == [own["b"]] and sw.counters.fallbacks_exponent == 1
+    aligned = Switch("s", g, slots=2, align=True)  # the software mode shifts instead
+    aligned.receive(own["a"])
+    assert aligned.receive(own["b"])[0].complete
+
+
+def test_backoff_bounds_resends_when_the_timeout_is_too_short():
+    """A timeout at a quarter of the round time: a constant interval resends every fragment again and
+    again while the round drains; doubling the wait caps it at a few resends each."""
+    g = grads(8, 4096, seed=3)
+    assignment = {w: "s0" if i < 4 else "s1" for i, w in enumerate(sorted(g))}
+    clean = run_round(g, assignment, "ps", fragment_size=64, order=1)
+    quarter = clean.time / 4
+    const = run_round(g, assignment, "ps", fragment_size=64, order=1, timeout=quarter, backoff=1.0)
+    backed = run_round(g, assignment, "ps", fragment_size=64, order=1, timeout=quarter)
+    for res in (const, backed):
+        assert_correct(res, g, assignment, "ps", 64, "agreed")
+    assert const.transmissions > 6 * clean.transmissions  # the collapse the backoff is for
+    assert backed.transmissions < const.transmissions / 2
+    assert backed.transmissions < 4 * clean.transmissions

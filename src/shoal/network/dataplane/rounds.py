@@ -10,8 +10,8 @@ import numpy as np
 
 from shoal.network.dataplane.server import Server, ServerCounters
 from shoal.network.dataplane.switch import Switch, SwitchCounters
-from shoal.network.dataplane.wire import Ack, Message, fragment_count, headroom
-from shoal.network.dataplane.worker import Worker, WorkerCounters
+from shoal.network.dataplane.wire import Ack, Message, agree, fragment_count, headroom
+from shoal.network.dataplane.worker import BACKOFF, Worker, WorkerCounters
 
 
 def switch_groups(assignment: Mapping[str, str], ps: str) -> dict[str, frozenset[str]]:
@@ -21,6 +21,9 @@ def switch_groups(assignment: Mapping[str, str], ps: str) -> dict[str, frozenset
         if node != ps:
             groups.setdefault(node, set()).add(worker)
     return {s: frozenset(ws) for s, ws in sorted(groups.items())}
+
+
+EXPONENT_MODES = ("agreed", "aligned")
 
 
 @dataclass
@@ -51,8 +54,17 @@ def build_nodes(
     probes: int = 1,
     fragment_size: int = 64,
     timeout: float = 1.0,
+    backoff: float = BACKOFF,
+    exponents: str = "agreed",
 ) -> Nodes:
-    """Workers, switches and the PS for a plan (worker -> aggregation node)."""
+    """Workers, switches and the PS for a plan (worker -> aggregation node).
+
+    ``exponents``: ``agreed`` (the workers of a switch settle each fragment's
+    exponent first and the switch only adds integers) or ``aligned`` (each
+    worker picks its own and the software switch shifts to align them).
+    """
+    if exponents not in EXPONENT_MODES:
+        raise ValueError(f"exponents must be one of {EXPONENT_MODES}, got {exponents!r}")
     if not assignment:
         raise ValueError("the plan has no workers")
     groups = switch_groups(assignment, ps)
@@ -60,9 +72,9 @@ def build_nodes(
     if overlap:
         raise ValueError(f"names used both as worker and as aggregation node: {sorted(overlap)}")
     size = {s: slots if isinstance(slots, int) else slots[s] for s in groups}
-    switches = {s: Switch(s, ws, size[s], min(probes, size[s])) for s, ws in groups.items()}
+    switches = {s: Switch(s, ws, size[s], min(probes, size[s]), align=exponents == "aligned") for s, ws in groups.items()}
     fan_in = {w: len(groups[n]) if n != ps else 1 for w, n in assignment.items()}
-    workers = {w: Worker(w, n, fan_in[w], fragment_size, timeout) for w, n in sorted(assignment.items())}
+    workers = {w: Worker(w, n, fan_in[w], fragment_size, timeout, backoff) for w, n in sorted(assignment.items())}
     return Nodes(ps, workers, switches, Server(ps, assignment.keys(), n_values, fragment_size))
 
 
@@ -103,6 +115,8 @@ def run_round(
     order: int | Order | None = None,
     drop: Callable[[Envelope], bool] | Collection[int] | None = None,
     timeout: float | None = None,
+    backoff: float = BACKOFF,
+    exponents: str = "agreed",
     round: int = 0,
     max_steps: int | None = None,
 ) -> RoundResult:
@@ -114,7 +128,8 @@ def run_round(
     messages (a predicate on the envelope, or a set of serials). Each
     delivery takes one time unit; when nothing is in flight the clock jumps
     to the next resend. ``timeout`` defaults to four times the first wave of
-    fragments, so resends are rare unless messages are lost.
+    fragments, so resends are rare unless messages are lost; each further
+    resend of a fragment waits ``backoff`` times longer (1: constant).
     """
     names = sorted(assignment)
     if sorted(gradients) != names:
@@ -125,12 +140,33 @@ def run_round(
         raise ValueError("all gradients must have the same size")
     first_wave = len(names) * fragment_count(n_values, fragment_size)
     nodes = build_nodes(assignment, ps, n_values, slots=slots, probes=probes, fragment_size=fragment_size,
-                        timeout=timeout if timeout is not None else 4.0 * first_wave + 8)
+                        timeout=timeout if timeout is not None else 4.0 * first_wave + 8, backoff=backoff, exponents=exponents)
     loop = _Loop(nodes, _chooser(order), _dropper(drop), max_steps or 200 * first_wave + 1000)
+    agreed = _agree(nodes, grads, loop) if exponents == "agreed" else {}
     for w in names:
-        loop.send_all([(nodes.workers[w].node, f) for f in nodes.workers[w].send(round, grads[w], 0.0)])
+        loop.send_all([(nodes.workers[w].node, f) for f in nodes.workers[w].send(round, grads[w], loop.now, agreed.get(w))])
     loop.run(round)
     return loop.result(round)
+
+
+def _agree(nodes: Nodes, grads: Mapping[str, np.ndarray], loop: _Loop) -> dict[str, np.ndarray]:
+    """The exponent round trip before a round, as SwitchML does it: each worker of a switch proposes the
+    exponents its fragments need, the switch answers with the largest per fragment.
+
+    Modelled as a reliable control exchange: two messages per switch worker
+    and one round trip (two time units) on the clock; losses apply to the
+    gradient fragments only.
+    """
+    agreed: dict[str, np.ndarray] = {}
+    for s, switch in nodes.switches.items():
+        members = sorted(switch.workers)
+        settled = agree([nodes.workers[w].proposal(grads[w]) for w in members])
+        agreed.update(dict.fromkeys(members, settled))
+        loop.sent += 2 * len(members)
+        loop.delivered += 2 * len(members)
+    if agreed:
+        loop.now += 2.0
+    return agreed
 
 
 def _chooser(order: int | Order | None) -> Order:
@@ -208,8 +244,12 @@ class _Loop:
 
 
 def error_bound(gradients: Mapping[str, np.ndarray], assignment: Mapping[str, str], ps: str,
-                fragment_size: int = 64) -> np.ndarray:
-    """Per value, the bound on |PS sum - exact sum| of the module docstring, for any order, drops or array size."""
+                fragment_size: int = 64, exponents: str = "agreed") -> np.ndarray:
+    """Per value, the bound on |PS sum - exact sum| of the module docstring, for any order, drops or array size.
+
+    A switch's K contributions err by at most half a unit each at the
+    agreed exponent (K M / L), or, aligned, by up to K - 1 more roundings (2K - 1) M / L.
+    """
     grads = {w: np.asarray(g, dtype=np.float64).reshape(-1) for w, g in gradients.items()}
     n_values = next(iter(grads.values())).size
     count = fragment_count(n_values, fragment_size)
@@ -223,7 +263,7 @@ def error_bound(gradients: Mapping[str, np.ndarray], assignment: Mapping[str, st
     bound = np.zeros(n_values)
     for ws in switch_groups(assignment, ps).values():
         k = len(ws)
-        bound += (2 * k - 1) * frag_max(ws) / headroom(k)
+        bound += (k if exponents == "agreed" else 2 * k - 1) * frag_max(ws) / headroom(k)
     for w in (w for w, node in assignment.items() if node == ps):
         bound += frag_max([w]) / headroom(1)
     sum_abs = np.sum([np.abs(g) for g in grads.values()], axis=0)

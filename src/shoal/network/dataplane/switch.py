@@ -17,6 +17,7 @@ class SwitchCounters:
     completed: int = 0  # finished sums sent to the PS (each covers all workers)
     fallbacks_collision: int = 0  # forwarded unaggregated: its unit holds another fragment
     fallbacks_full: int = 0  # forwarded unaggregated: every unit is taken
+    fallbacks_exponent: int = 0  # forwarded unaggregated: its exponent differs from the unit's (agreed mode)
     duplicates: int = 0  # resends from a worker the unit had already seen
     partial_flushes: int = 0  # partial sums sent to the PS (a duplicate showed the unit stuck)
     partial_contributions: int = 0  # contributions inside those partial sums
@@ -25,7 +26,7 @@ class SwitchCounters:
 
     @property
     def fallbacks(self) -> int:
-        return self.fallbacks_collision + self.fallbacks_full
+        return self.fallbacks_collision + self.fallbacks_full + self.fallbacks_exponent
 
 
 @dataclass
@@ -38,15 +39,22 @@ class _Unit:
 
 
 class Switch:
-    """A software aggregation switch: a fixed array of ``slots`` memory units, int32 sums."""
+    """A software aggregation switch: a fixed array of ``slots`` memory units, int32 sums.
 
-    def __init__(self, name: str, workers: Collection[str], slots: int, probes: int = 1) -> None:
+    ``align=False`` (agreed exponents, what a Tofino can do): every
+    contribution to a unit must carry the unit's exponent, and one that does
+    not is forwarded unaggregated; the sum is plain integer addition.
+    ``align=True`` (software only): the switch shifts to the larger
+    exponent, a data-dependent shift no switch ASIC performs.
+    """
+
+    def __init__(self, name: str, workers: Collection[str], slots: int, probes: int = 1, align: bool = False) -> None:
         if not workers:
             raise ValueError(f"switch {name} has no workers")
         if slots < 1 or not 1 <= probes <= slots:
             raise ValueError(f"switch {name}: need slots >= 1 and 1 <= probes <= slots, got {slots}, {probes}")
         self.name, self.workers = name, frozenset(workers)
-        self.fan_in, self.slots, self.probes = len(self.workers), slots, probes
+        self.fan_in, self.slots, self.probes, self.align = len(self.workers), slots, probes, align
         self.counters = SwitchCounters()
         self._units: list[_Unit | None] = [None] * slots
         self._occupied = 0
@@ -72,6 +80,9 @@ class Switch:
                 self.counters.partial_flushes += 1
                 self.counters.partial_contributions += len(unit.seen)
                 return [self._release(own, complete=False)]
+            if not self.align and frag.exp != unit.exp:
+                self.counters.fallbacks_exponent += 1
+                return [frag]
             return self._add(own, frag)
         free = next((i for i in probe if self._claimable(i, frag.round)), None)
         if free is None:

@@ -43,15 +43,30 @@ def exponents(maxabs: np.ndarray, limit: int) -> np.ndarray:
     return np.where(pos, e, ZERO_EXP)
 
 
-def quantise(blocks: np.ndarray, fan_in: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of values -> (int32 rows q, one exponent per row) with value ~ q * 2^e, |q| <= headroom."""
+def quantise(blocks: np.ndarray, fan_in: int, agreed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of values -> (int32 rows q, one exponent per row) with value ~ q * 2^e, |q| <= headroom.
+
+    ``agreed``: exponents settled with the other workers of the node first
+    (each at least this row's own, so |q| <= headroom still holds).
+    """
     v = np.asarray(blocks, dtype=np.float64)
     if not np.isfinite(v).all():
         raise ValueError("cannot quantise a gradient with inf or nan values")
     limit = headroom(fan_in)
-    e = exponents(np.abs(v).max(axis=1, initial=0.0), limit)
+    own = exponents(np.abs(v).max(axis=1, initial=0.0), limit)
+    if agreed is None:
+        e = own
+    else:
+        e = np.asarray(agreed, dtype=np.int64)
+        if e.shape != own.shape or (e < own).any():
+            raise ValueError("an agreed exponent is below a fragment's own: its values would overflow the headroom")
     q = np.rint(np.ldexp(v, -e[:, None]))
     return q.astype(np.int32), e
+
+
+def agree(proposals: list[np.ndarray]) -> np.ndarray:
+    """The exponents a node's workers settle on: per fragment the largest any of them needs (SwitchML's block exponent)."""
+    return np.max(np.stack(proposals), axis=0)
 
 
 def dequantise(values: np.ndarray, exp: int) -> np.ndarray:
