@@ -18,6 +18,8 @@ from pathlib import Path
 
 import networkx as nx
 import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components
 
 from shoal.config import ConfigError
 from shoal.network.topology import hosts, set_link_bandwidth, switches, top_of_rack
@@ -201,16 +203,22 @@ def reachable_hosts(g: nx.Graph, ps: str) -> set[str]:
 
 
 def _switches_reached(g: nx.Graph, sources: Iterable[str]) -> set[str]:
-    """Switches reachable from any of ``sources`` over positive-bandwidth links, forwarding only through switches."""
-    seen = set(sources)
-    queue = deque(seen)
-    while queue:
-        u = queue.popleft()
-        for v, attrs in g[u].items():
-            if v not in seen and attrs["bandwidth_gbps"] > 0 and g.nodes[v]["kind"] == "switch":
-                seen.add(v)
-                queue.append(v)
-    return {n for n in seen if g.nodes[n]["kind"] == "switch"}
+    """Switches reachable from any of ``sources`` over positive-bandwidth links, forwarding only through switches.
+
+    That is every switch in a connected component (of the live switch-to-switch links) that a source touches.
+    """
+    names = switches(g)
+    index = {n: i for i, n in enumerate(names)}
+    pairs = [(index[u], index[v]) for u, v, bw in g.edges(data="bandwidth_gbps") if bw > 0 and u in index and v in index]
+    rows, cols = (list(x) for x in zip(*pairs)) if pairs else ([], [])
+    adjacency = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(names), len(names)))
+    _, label = connected_components(adjacency, directed=False)
+    touched = set()
+    for src in sources:
+        if src in index:
+            touched.add(label[index[src]])
+        touched |= {label[index[v]] for v in g[src] if v in index and g[src][v]["bandwidth_gbps"] > 0}
+    return {n for n in names if label[index[n]] in touched}
 
 
 def _place_ps(g: nx.Graph, ps: str | None, seed: int, source: str) -> str:

@@ -24,6 +24,10 @@ class Deadline:
     def expired(self) -> bool:
         return self.remaining() <= 0
 
+    def share(self, fraction: float) -> Deadline:
+        """A deadline for one step: ``fraction`` of the whole limit, never past this one."""
+        return Deadline(min(self.remaining(), fraction * self.limit_s))
+
     def check(self) -> None:
         """Raise TimeLimit once the time is up (planners call it between steps)."""
         if self.expired():

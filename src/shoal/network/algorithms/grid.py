@@ -30,12 +30,13 @@ rate the evaluator certifies, so it is never worse than any of them.
 from __future__ import annotations
 
 import math
-from collections import defaultdict, deque
+from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import replace
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.sparse.csgraph import maximum_flow
+from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from shoal.network.algorithms.baselines import plan_atp, plan_atp_two_level, plan_geryon, plan_switchml
 from shoal.network.algorithms.exact import optimum, plan_exact, slots
@@ -64,6 +65,7 @@ class FlowNet:
         self.names = ["<source>", "<sink>"] + keep
         self.index = {n: i for i, n in enumerate(self.names)}
         self.prog = list(inst.programmable)
+        self.capacity = {s: inst.capacity(s) for s in self.prog}  # Gbps each switch can still sum (others' plans may take some)
         tails, heads, bw = [], [], []
         for u, v, cap in g.edges(data="bandwidth_gbps"):
             for a, b in ((u, v), (v, u)):
@@ -76,6 +78,8 @@ class FlowNet:
         self.out_arcs: dict[int, list[int]] = defaultdict(list)
         for i, t in enumerate(tails):
             self.out_arcs[t].append(i)
+        self._arc_of = {(t, h): i for i, (t, h) in enumerate(zip(tails, heads))}
+        self._by_tail = np.argsort(self._tails_arr, kind="stable")  # link arcs grouped by tail, for BFS in CSR form
         self._sink_pos = {self.index[s]: i for i, s in enumerate(self.prog + [inst.ps])}
         w = [self.index[x] for x in inst.workers]
         all_t = np.array(tails + [SOURCE] * len(w) + list(self._sink_pos), dtype=np.int64)
@@ -84,6 +88,12 @@ class FlowNet:
         self._indices = all_h[self._order].astype(np.int32)
         self._indptr = np.searchsorted(all_t[self._order], np.arange(len(self.names) + 1)).astype(np.int32)
         self._ones = np.ones(len(w), dtype=np.int64)
+
+    def arc_index(self, u: str, v: str) -> int | None:
+        """The link arc u -> v, if streams can use it."""
+        if u not in self.index or v not in self.index:
+            return None
+        return self._arc_of.get((self.index[u], self.index[v]))
 
     def arc_flow(self, flow: sp.csr_matrix) -> np.ndarray:
         """Net flow on each link arc."""
@@ -108,24 +118,19 @@ class FlowNet:
 
 
 def _stream_path(net: FlowNet, residual: np.ndarray, src: int, dst: int) -> list[int] | None:
-    """Shortest path (as arc indices) from a switch to the PS over arcs with room for one stream."""
-    prev: dict[int, int] = {src: -1}
-    queue = deque([src])
-    while queue:
-        u = queue.popleft()
-        if u == dst:
-            break
-        for a in net.out_arcs.get(u, ()):
-            v = net.heads[a]
-            if v not in prev and residual[a] >= 1:
-                prev[v] = a
-                queue.append(v)
-    if dst not in prev:
+    """Shortest path (as arc indices) from a switch to the PS over arcs with room for one stream (BFS in SciPy)."""
+    live = net._by_tail[residual[net._by_tail] >= 1]
+    n = len(net.names)
+    indptr = np.searchsorted(net._tails_arr[live], np.arange(n + 1)).astype(np.int32)
+    graph = sp.csr_matrix((np.ones(len(live), dtype=np.int8), net._heads_arr[live].astype(np.int32), indptr), shape=(n, n))
+    _, pred = breadth_first_order(graph, src, directed=True, return_predecessors=True)
+    if pred[dst] < 0:
         return None
     arcs, v = [], dst
-    while prev[v] != -1:
-        arcs.append(prev[v])
-        v = net.tails[prev[v]]
+    while v != src:
+        u = int(pred[v])
+        arcs.append(net._arc_of[(u, v)])
+        v = u
     return arcs[::-1]
 
 
@@ -162,14 +167,15 @@ def _take(out: dict[int, dict[int, int]], u: int, v: int) -> None:
 class _Selection:
     """A set A of aggregation switches at one rate: their streams routed, and the resulting max-flow."""
 
-    def __init__(self, net: FlowNet, rate: float) -> None:
+    def __init__(self, net: FlowNet, rate: float, streaming: Collection[str] = ()) -> None:
         inst = net.inst
         self.net, self.n = net, len(inst.workers)
         self.ps = net.index[inst.ps]
         self.ps_slots = slots(inst.ps_gbps, rate)
-        self.room = {s: min(slots(inst.capacity(s), rate), self.n) for s in net.prog}
+        self.room = {s: min(slots(net.capacity[s], rate), self.n) for s in net.prog}
         self.residual = net.stream_caps(rate)
-        self.chosen: dict[str, list[int]] = {}
+        # switches whose stream to the PS already exists (its links and PS slot are taken out of the net): no arcs to route
+        self.chosen: dict[str, list[int]] = {s: [] for s in streaming if s in self.room}
         self.flow, self.fmat = net.max_flow(self.residual, self._sinks())
 
     def _sinks(self) -> dict[int, int]:
@@ -282,7 +288,8 @@ def _reroute_all(sel: _Selection, deadline: Deadline) -> None:
         sel.reroute(s)
 
 
-def try_rate(net: FlowNet, rate: float, thorough: bool = False, deadline: Deadline = NO_LIMIT) -> Plan | None:
+def try_rate(net: FlowNet, rate: float, thorough: bool = False, deadline: Deadline = NO_LIMIT,
+             streaming: Collection[str] = ()) -> Plan | None:
     """A plan in which every worker sends at ``rate`` and nothing is overloaded, or None.
 
     The fast pass adds switches in one fixed order; ``thorough`` then retries
@@ -292,10 +299,10 @@ def try_rate(net: FlowNet, rate: float, thorough: bool = False, deadline: Deadli
     inst = net.inst
     if rate > inst.worker_gbps * (1 + 1e-9) or slots(inst.ps_gbps, rate) < 1:
         return None
-    sel = _Selection(net, rate)
+    sel = _Selection(net, rate, streaming)
     _grow_in_order(sel, _order(net, sel.residual, sel.room), deadline)
     if not sel.done and thorough:
-        sel = _Selection(net, rate)
+        sel = _Selection(net, rate, streaming)
         _grow_best(sel, deadline)
         _reroute_all(sel, deadline)
         _swap(sel, deadline)
@@ -304,7 +311,7 @@ def try_rate(net: FlowNet, rate: float, thorough: bool = False, deadline: Deadli
         return None
     assignment, paths = _decompose(net, sel.fmat)
     used = set(assignment.values())
-    switch_paths = {s: _arc_path(net, arcs) for s, arcs in sel.chosen.items() if s in used}
+    switch_paths = {s: _arc_path(net, arcs) for s, arcs in sel.chosen.items() if s in used and arcs}
     return Plan(assignment, paths, switch_paths)
 
 
@@ -314,7 +321,7 @@ def _order(net: FlowNet, residual: np.ndarray, room: dict[str, int]) -> list[str
     inbound: dict[int, int] = defaultdict(int)
     for t, h, c in zip(net.tails, net.heads, residual):
         inbound[int(h)] += 1 if int(t) in workers else int(c)
-    return sorted(net.prog, key=lambda s: (-min(room[s], inbound[net.index[s]]), -net.inst.capacity(s), s))
+    return sorted(net.prog, key=lambda s: (-min(room[s], inbound[net.index[s]]), -net.capacity[s], s))
 
 
 def _arc_path(net: FlowNet, arcs: list[int]) -> tuple[str, ...]:
@@ -387,7 +394,7 @@ def _port_limited_fit(net: FlowNet, rate: float) -> bool:
             has_exit.add(t)
     if not worker_idx <= has_exit:
         return False
-    room = sorted((min(slots(inst.capacity(s), rate), intake[net.index[s]], n) for s in net.prog), reverse=True)
+    room = sorted((min(slots(net.capacity[s], rate), intake[net.index[s]], n) for s in net.prog), reverse=True)
     ps_slots = min(slots(inst.ps_gbps, rate), intake[net.index[inst.ps]])
     best, left = n, n
     for j, r in enumerate(room, start=1):
@@ -414,11 +421,16 @@ def upper_bound(net: FlowNet, hi: float) -> float:
 _FALLBACKS = (("exact", plan_exact), ("atp", plan_atp), ("atp2", plan_atp_two_level), ("switchml", plan_switchml), ("geryon", plan_geryon))
 
 
+THOROUGH_SHARE = 0.25  # of the time limit, per model: the thorough search refines a certified plan, so it gets a bounded share
+
+
 def plan_grid(inst: Instance, routes: Routes, seed: int = 0, deadline: Deadline = NO_LIMIT,
               two_level: bool = True) -> tuple[Plan, float | None, dict[str, object]]:
     """Best certified plan: the flow search's (one level, or two through the PS's rack), or a baseline's/exact's.
 
-    ``two_level=False`` keeps to one level of aggregation (the paper's and the link-aware MILP's model).
+    The fast search runs on each model first; the thorough one then gets at
+    most ``THOROUGH_SHARE`` of the time limit per model. ``two_level=False``
+    keeps to one level of aggregation (the paper's and the link-aware MILP's model).
     """
     free_bound, _ = optimum(len(inst.workers), [inst.capacity(s) for s in inst.programmable], inst.ps_gbps, inst.worker_gbps)
     best_rate, method, best = -1.0, "", Plan({})
@@ -429,42 +441,42 @@ def plan_grid(inst: Instance, routes: Routes, seed: int = 0, deadline: Deadline 
         rate = evaluate(inst, plan, routes).min_rate_gbps
         if rate > best_rate:
             best_rate, method, best = rate, name, plan
-    bound, found, out_of_time = _flow_search(inst, free_bound, best_rate, deadline)
-    for plan, name in found:
-        rate = evaluate(inst, plan, routes).min_rate_gbps
-        if rate > best_rate:
-            best_rate, method, best = rate, name, plan
+    models = [_Model(inst, None, free_bound)]
     rooted = _rooted(inst) if two_level else None
-    if rooted is not None and not out_of_time and inst.links_constrained:  # without link limits one level is optimal
+    if rooted is not None:
         sub, root = rooted
-        sub_free, _ = optimum(len(sub.workers), [sub.capacity(s) for s in sub.programmable], sub.ps_gbps, sub.worker_gbps)
-        sub_bound, found, out_of_time = _flow_search(sub, sub_free, best_rate, deadline)
-        bound = max(bound, sub_bound)
-        for plan, name in found:
-            lifted = _lift(plan, inst, root)
-            rate = evaluate(inst, lifted, routes).min_rate_gbps
-            if rate > best_rate:
-                best_rate, method, best = rate, "two-level " + name, lifted
-    notes = {"method": method, "link_free_optimum_gbps": free_bound, "proved_optimal": best_rate >= bound * (1 - 1e-9)}
-    if out_of_time:
+        models.append(_Model(sub, root, optimum(len(sub.workers), [sub.capacity(s) for s in sub.programmable], sub.ps_gbps, sub.worker_gbps)[0]))
+    stopped = ""
+    for thorough in (False, True):
+        for model in models:
+            if best_rate >= model.bound * (1 - 1e-12) or deadline.expired():
+                continue
+            budget = deadline.share(THOROUGH_SHARE) if thorough else deadline
+            found, out_of_time = search(model.net, best_rate, model.bound, thorough, budget)
+            if out_of_time:
+                stopped = "time limit" if deadline.expired() else f"thorough search stopped after its {budget.limit_s:.3g} s share"
+            if found is not None:
+                plan = found if model.root is None else _lift(found, inst, model.root)
+                rate = evaluate(inst, plan, routes).min_rate_gbps
+                if rate > best_rate:
+                    kind = "flow-search" + ("+local" if thorough else "")
+                    best_rate, method, best = rate, kind if model.root is None else "two-level " + kind, plan
+    bound = max(m.bound for m in models)
+    notes: dict[str, object] = {"method": method, "link_free_optimum_gbps": free_bound, "proved_optimal": best_rate >= bound * (1 - 1e-9)}
+    if stopped == "time limit" or deadline.expired():
         notes["time_limit"] = f"stopped searching at the {deadline.limit_s:g} s limit; best plan so far"
+    elif stopped:
+        notes["search"] = stopped
     return replace(best, claimed_rate_gbps=best_rate), bound, notes
 
 
-def _flow_search(inst: Instance, free_bound: float, above: float, deadline: Deadline) -> tuple[float, list[tuple[Plan, str]], bool]:
-    """(Upper bound, plans found above ``above`` by the fast then the thorough search, whether time ran out)."""
-    net = FlowNet(inst)
-    bound = upper_bound(net, free_bound) if inst.links_constrained else free_bound
-    found: list[tuple[Plan, str]] = []
-    out_of_time = False
-    for thorough in (False, True):  # fast oracle first; the thorough one only above what it reached
-        if above >= bound * (1 - 1e-12) or out_of_time:
-            break
-        plan, out_of_time = search(net, above, bound, thorough, deadline)
-        if plan is not None:
-            found.append((plan, "flow-search" + ("+local" if thorough else "")))
-            above = max(above, evaluate(inst, plan).min_rate_gbps)
-    return bound, found, out_of_time
+class _Model:
+    """One planning model for the flow search: its instance, the root switch if two-level, its flow net and upper bound."""
+
+    def __init__(self, inst: Instance, root: str | None, free_bound: float) -> None:
+        self.inst, self.root = inst, root
+        self.net = FlowNet(inst)
+        self.bound = upper_bound(self.net, free_bound) if inst.links_constrained else free_bound
 
 
 def _rooted(inst: Instance) -> tuple[Instance, str] | None:
@@ -472,8 +484,9 @@ def _rooted(inst: Instance) -> tuple[Instance, str] | None:
 
     It is the one-level model with that switch as the sink: its capacity
     plays the PS's ingress B, and the rate is capped by B and the switch's
-    link to the PS, which carry one stream. None when the PS's rack switch
-    cannot aggregate.
+    link to the PS, which carry one stream. So it wins whenever C_root is
+    well above B, links or not: the paper's model, which aggregates once,
+    cannot express it. None when the PS's rack switch cannot aggregate.
     """
     g = inst.graph
     live = [v for v in g[inst.ps] if g[inst.ps][v]["bandwidth_gbps"] > 0 and g.nodes[v]["kind"] == "switch"]
