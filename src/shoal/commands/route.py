@@ -39,6 +39,10 @@ def route(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (per algorithm: min_rate_gbps, bound_gbps, ps_load_gbps, ...).")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="Draw the topology with each plan into this PNG.")] = None,
     save: Annotated[Optional[Path], typer.Option(help="Write the instance (with capacities, PS, workers) as a topology JSON file.")] = None,
+    ps_count: Annotated[int, typer.Option(help="Shard the model over this many PSs (--ps first, the rest drawn by --seed among hosts that are not workers); --ps a,b,c names them.")] = 1,
+    jobs: Annotated[Optional[Path], typer.Option(help="A JSON file of several jobs sharing the network (see docs/grid.md); plans them max-min fair.")] = None,
+    switch_slots: Annotated[Optional[int], typer.Option(help="Aggregator memory units per switch, shared by --jobs (default: the topology's, else 40000).")] = None,
+    fail: Annotated[Optional[list[str]], typer.Option(help="A link A-B or a switch that fails after grid planned; re-plans incrementally and compares with a full solve. Repeatable.")] = None,
 ) -> None:
     """Plan where gradients are aggregated (GRID) and score every plan with one honest evaluator."""
     from shoal.network import build_instance, parse_topology_spec, solve
@@ -56,13 +60,29 @@ def route(
     from_file = topology.split(":", 1)[0] not in ("fattree", "leafspine")
     if hosts_per_rack is not None and from_file:
         raise ConfigError("--hosts-per-rack: only for fattree:... and leafspine:... topologies (a file lists its hosts)")
+    servers = [p.strip() for p in ps.split(",") if p.strip()] if ps is not None and "," in ps else None
+    _check_modes(ps_count, servers, jobs, switch_slots, fail, workers, ps, plot, save)
     link = parse_bandwidth(link_gbps, "--link-gbps") if link_gbps is not None else None
     graph = parse_topology_spec(topology, link, hosts_per_rack)
     cap_spec = capacity if capacity is not None else (None if from_file else "100:3200")
+    if jobs is not None:
+        from shoal.commands.route_beyond import run_jobs
+        from shoal.network.instance import prepare_network
+        from shoal.network.jobs import load_jobs
+
+        if seed < 0:
+            raise ConfigError(f"--seed: must be >= 0, got {seed}")
+        net = prepare_network(graph, programmable=programmable or ("file" if from_file else "tor"),
+                              capacity=parse_range(cap_spec, "--capacity") if cap_spec is not None else None, seed=seed,
+                              source=topology if from_file else "--topology")
+        if switch_slots is not None:
+            nx_set_slots(net, switch_slots)
+        run_jobs(net, load_jobs(jobs, net, seed=seed, ps_gbps=ps_gbps, worker_gbps=worker_gbps), seed, time_limit, as_json)
+        return
     inst = build_instance(
         graph,
         workers=parse_workers(workers),
-        ps=ps,
+        ps=servers[0] if servers else ps,
         programmable=programmable or ("file" if from_file else "tor"),
         capacity=parse_range(cap_spec, "--capacity") if cap_spec is not None else None,
         ps_gbps=ps_gbps,
@@ -74,6 +94,17 @@ def route(
     if inst.unreachable:
         typer.echo(f"note: {len(inst.unreachable)} programmable switch(es) cannot be reached by any worker or cannot reach the PS "
                    f"and are left out: {', '.join(inst.unreachable[:8])}{' ...' if len(inst.unreachable) > 8 else ''}", err=True)
+    if servers or ps_count > 1:
+        from shoal.commands.route_beyond import run_sharded
+        from shoal.network.instance import extra_servers
+
+        run_sharded(inst, extra_servers(inst, servers or ps_count, seed), algos, seed, time_limit, as_json)
+        return
+    if fail:
+        from shoal.commands.route_beyond import run_failure
+
+        run_failure(inst, fail, seed, time_limit, as_json)
+        return
     routes = Routes(inst.graph)
     results = [solve(inst, a, seed, routes, time_limit) for a in algos]
     if plot is not None:
@@ -86,6 +117,33 @@ def route(
         typer.echo(json.dumps({"instance": inst.describe(), "results": {r.algo: r.to_json() for r in results}}, indent=2))
     else:
         _print_table(inst, results)
+
+
+def _check_modes(ps_count: int, servers: list[str] | None, jobs: Path | None, switch_slots: int | None, fail: list[str] | None,
+                 workers: str | None, ps: str | None, plot: Path | None, save: Path | None) -> None:
+    """One mode at a time: one PS, a sharded model, several jobs, or a failure."""
+    if ps_count < 1:
+        raise ConfigError(f"--ps-count: need at least one PS, got {ps_count}")
+    if servers is not None and ps_count not in (1, len(servers)):
+        raise ConfigError(f"--ps-count {ps_count} contradicts the {len(servers)} hosts named by --ps")
+    if switch_slots is not None and switch_slots < 1:
+        raise ConfigError(f"--switch-slots: must be >= 1, got {switch_slots}")
+    sharded = servers is not None or ps_count > 1
+    modes = [name for name, on in (("--ps-count/--ps a,b", sharded), ("--jobs", jobs is not None), ("--fail", bool(fail))) if on]
+    if len(modes) > 1:
+        raise ConfigError(f"{modes[0]} and {modes[1]} cannot be combined")
+    if jobs is not None and (workers is not None or ps is not None):
+        raise ConfigError("--jobs: the jobs file places every job's PS and workers; drop --workers and --ps")
+    if modes and (plot is not None or save is not None):
+        raise ConfigError(f"{modes[0]}: --plot and --save draw or save one job's single plan; drop them")
+
+
+def nx_set_slots(graph: object, slots: int) -> None:
+    """Every switch gets ``slots`` aggregator units (``--switch-slots``)."""
+    from shoal.network.topology import switches
+
+    for s in switches(graph):  # type: ignore[arg-type]
+        graph.nodes[s]["slots"] = slots  # type: ignore[attr-defined]
 
 
 def _parse_algos(spec: str) -> list[str]:

@@ -159,19 +159,52 @@ def build_instance(
         raise ConfigError(f"--seed: must be >= 0, got {seed}")
     if placement not in ("random", "packed"):
         raise ConfigError(f"--placement: expected random or packed, got {placement!r}")
-    g = graph.copy()
-    if link_gbps is not None:
-        set_link_bandwidth(g, link_gbps)
     _check_positive(ps_gbps, "--ps-gbps")
     _check_positive(worker_gbps, "--worker-gbps")
-    _check_not_all_zero(g, source)
+    g = prepare_network(graph, programmable=programmable, capacity=capacity, link_gbps=link_gbps, seed=seed, source=source)
     the_ps = _place_ps(g, ps, seed, source)
     reachable = reachable_hosts(g, the_ps)
     chosen = _place_workers(g, the_ps, reachable, workers, seed, source, placement)
+    return Instance(g, the_ps, tuple(chosen), ps_gbps, worker_gbps)
+
+
+def prepare_network(graph: nx.Graph, *, programmable: str | list[str] = "tor", capacity: tuple[float, float] | None = (100.0, 3200.0),
+                    link_gbps: float | None = None, seed: int = 0, source: str = "--topology") -> nx.Graph:
+    """A copy of the graph with link bandwidths, programmable switches and capacities set (what every job on it shares)."""
+    g = graph.copy()
+    if link_gbps is not None:
+        set_link_bandwidth(g, link_gbps)
+    _check_not_all_zero(g, source)
     _mark_programmable(g, programmable, seed)
     if capacity is not None:
         _draw_capacities(g, capacity, seed)
-    return Instance(g, the_ps, tuple(chosen), ps_gbps, worker_gbps)
+    return g
+
+
+def extra_servers(inst: Instance, spec: int | list[str], seed: int) -> list[str]:
+    """The PSs of a sharded model: ``inst.ps`` first, then named hosts or ``spec - 1`` hosts drawn by seed
+    among those that are neither workers nor the PS and can reach every worker."""
+    busy = set(inst.workers) | {inst.ps}
+    if isinstance(spec, list):
+        for h in spec:
+            if h not in inst.graph or inst.graph.nodes[h]["kind"] != "host":
+                raise ConfigError(f"--ps: {h!r} is not a host of the topology")
+            if h in set(inst.workers):
+                raise ConfigError(f"--ps: {h!r} is also a worker")
+        if len(set(spec)) != len(spec):
+            raise ConfigError("--ps: a host is listed twice")
+        servers = list(spec)
+    else:
+        pool = sorted(reachable_hosts(inst.graph, inst.ps) - busy)
+        if spec - 1 > len(pool):
+            raise ConfigError(f"--ps-count {spec}: only {len(pool)} hosts are neither workers nor the PS; ask for fewer --workers")
+        picks = rng_for(seed, "servers").choice(len(pool), size=spec - 1, replace=False) if spec > 1 else []
+        servers = [inst.ps] + [pool[i] for i in sorted(picks)]
+    for h in servers:
+        missing = set(inst.workers) - reachable_hosts(inst.graph, h)
+        if missing:
+            raise ConfigError(f"--ps: no path from worker {sorted(missing)[0]!r} to the PS {h!r}")
+    return servers
 
 
 def _check_positive(value: float, option: str) -> None:

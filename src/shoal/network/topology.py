@@ -189,6 +189,7 @@ class SwitchSpec(_Strict):
     name: Name
     programmable: bool = False
     capacity_gbps: float = Field(0.0, ge=0, description="Aggregation capacity, Gbps of input; 0 = cannot aggregate.")
+    slots: int | None = Field(None, ge=1, description="Aggregator memory units (shared by jobs); default 40,000.")
     tier: str | None = None
 
 
@@ -241,10 +242,16 @@ def topology_from_dict(data: Any, source: str = "topology") -> nx.Graph:
 
 
 def _pydantic_line(err: ValidationError, source: str) -> str:
-    first = err.errors()[0]
-    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".") or "file"
-    msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
-    return f"{source}: {key}: {msg}"
+    """The first problem as ``SOURCE: key.path[i]: message``; a union's alternatives joined with "or"."""
+    def key(loc: tuple[int | str, ...]) -> str:
+        parts = [p for p in loc if isinstance(p, int) or ("[" not in p and p not in ("int", "str", "float", "bool"))]
+        return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".") or "file"
+
+    errors = err.errors()
+    first = errors[0]
+    same = [e["msg"] for e in errors if key(e["loc"]) == key(first["loc"])]
+    msg = "unknown key" if first["type"] == "extra_forbidden" else " or ".join(dict.fromkeys(same))
+    return f"{source}: {key(first['loc'])}: {msg}"
 
 
 def _build(spec: TopologySpec, source: str) -> nx.Graph:
@@ -256,6 +263,8 @@ def _build(spec: TopologySpec, source: str) -> nx.Graph:
     for sw in spec.switches:
         _check_new(sw.name, seen, source)
         g.add_node(sw.name, kind="switch", tier=sw.tier or "switch", programmable=sw.programmable, capacity_gbps=sw.capacity_gbps)
+        if sw.slots is not None:
+            g.nodes[sw.name]["slots"] = sw.slots
     for i, link in enumerate(spec.links):
         for end in (link.a, link.b):
             if end not in g:
@@ -303,7 +312,8 @@ def topology_to_dict(g: nx.Graph, ps: str | None = None, workers: list[str] | tu
         "name": g.graph.get("name"),
         "hosts": hosts(g),
         "switches": [
-            {"name": s, "programmable": bool(g.nodes[s]["programmable"]), "capacity_gbps": float(g.nodes[s]["capacity_gbps"]), "tier": g.nodes[s].get("tier")}
+            {"name": s, "programmable": bool(g.nodes[s]["programmable"]), "capacity_gbps": float(g.nodes[s]["capacity_gbps"]), "tier": g.nodes[s].get("tier"),
+             **({"slots": int(g.nodes[s]["slots"])} if "slots" in g.nodes[s] else {})}
             for s in switches(g)
         ],
         "links": [
