@@ -83,6 +83,7 @@ def route(
         graph,
         workers=parse_workers(workers),
         ps=servers[0] if servers else ps,
+        reserved=servers or (),
         programmable=programmable or ("file" if from_file else "tor"),
         capacity=parse_range(cap_spec, "--capacity") if cap_spec is not None else None,
         ps_gbps=ps_gbps,

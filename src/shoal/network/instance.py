@@ -11,8 +11,8 @@ import json
 import math
 import re
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -34,13 +34,25 @@ class Instance:
     workers: tuple[str, ...]
     ps_gbps: float = 100.0
     worker_gbps: float = 100.0
+    candidates: tuple[str, ...] | None = field(default=None, repr=False)  # set by ``restricted``: a parent's, reused
 
     @cached_property
     def programmable(self) -> tuple[str, ...]:
         """The candidate aggregation nodes: programmable switches with a positive capacity that
         some worker can reach and that can reach the PS (over positive-bandwidth links)."""
+        if self.candidates is not None:
+            return self.candidates
         cut = set(self.unreachable)
         return tuple(s for s in self._capable if s not in cut)
+
+    def restricted(self, workers: tuple[str, ...], ps_gbps: float | None = None) -> Instance:
+        """The same network and PS for a subset of the workers (planning part of a plan again).
+
+        It keeps this instance's candidate switches, a superset of what the
+        subset reaches (a switch no worker of the subset reaches gets no flow), so
+        reachability is not searched again.
+        """
+        return Instance(self.graph, self.ps, workers, self.ps_gbps if ps_gbps is None else ps_gbps, self.worker_gbps, self.programmable)
 
     @cached_property
     def unreachable(self) -> tuple[str, ...]:
@@ -146,6 +158,7 @@ def build_instance(
     seed: int = 0,
     placement: str = "random",
     source: str = "--topology",
+    reserved: Collection[str] = (),
 ) -> Instance:
     """Place the PS and workers, mark programmable switches, draw capacities, validate.
 
@@ -153,7 +166,8 @@ def build_instance(
     switches), ``file`` (keep the graph's flags), a list of switch names, or a
     path to a JSON list of them. ``capacity`` None keeps the graph's capacities.
     ``placement`` (for a worker count): ``random`` hosts by seed, or ``packed``
-    rack by rack in order, each rack filled before the next.
+    rack by rack in order, each rack filled before the next. ``reserved`` hosts
+    (more PSs) are never drawn as workers.
     """
     if seed < 0:
         raise ConfigError(f"--seed: must be >= 0, got {seed}")
@@ -163,7 +177,9 @@ def build_instance(
     _check_positive(worker_gbps, "--worker-gbps")
     g = prepare_network(graph, programmable=programmable, capacity=capacity, link_gbps=link_gbps, seed=seed, source=source)
     the_ps = _place_ps(g, ps, seed, source)
-    reachable = reachable_hosts(g, the_ps)
+    if isinstance(workers, list) and set(workers) & set(reserved):
+        raise ConfigError(f"--ps: {sorted(set(workers) & set(reserved))[0]!r} is also a worker")
+    reachable = reachable_hosts(g, the_ps) - set(reserved)
     chosen = _place_workers(g, the_ps, reachable, workers, seed, source, placement)
     return Instance(g, the_ps, tuple(chosen), ps_gbps, worker_gbps)
 

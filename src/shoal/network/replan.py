@@ -94,7 +94,7 @@ def replan(before: Instance, plan: Plan, failure: Failure, deadline: Deadline = 
     after = apply_failure(before, failure)
     routes = Routes(after.graph)
     plan = complete_paths(plan, before, Routes(before.graph))
-    old_rate = evaluate(before, plan).min_rate_gbps
+    old_rate = plan.claimed_rate_gbps if plan.claimed_rate_gbps is not None else evaluate(before, plan).min_rate_gbps  # grid claims its certified rate
     if plan.parents:
         root = next(iter(plan.parents.values()))
         rooted = _rooted(after)
@@ -132,7 +132,7 @@ def _repair(inst: Instance, plan: Plan, old_rate: float, failure: Failure, route
         return plan, (), {"affected_workers": 0}
     keep = {w: a for w, a in plan.assignment.items() if w not in set(affected)}
     kept = Plan(keep, {w: plan.worker_paths[w] for w in keep}, {s: plan.switch_paths[s] for s in set(keep.values()) - {inst.ps}})
-    fixed_inst = Instance(inst.graph, inst.ps, tuple(sorted(keep)), inst.ps_gbps, inst.worker_gbps)
+    fixed_inst = inst.restricted(tuple(sorted(keep)))
     best: tuple[float, Plan] | None = None
     sub = _fit_affected(inst, fixed_inst, kept, affected, old_rate, routes, deadline) if old_rate > 0 else None
     if sub is not None:  # the usual case: one flow search at the old rate
@@ -149,7 +149,7 @@ def _repair(inst: Instance, plan: Plan, old_rate: float, failure: Failure, route
                 right = mid - 1
     if best is None:  # not even at the lowest rate: everyone affected goes to the PS
         sub = Plan({w: inst.ps for w in affected})
-        best = (0.0, complete_paths(sub, Instance(inst.graph, inst.ps, affected, inst.ps_gbps, inst.worker_gbps), routes))
+        best = (0.0, complete_paths(sub, inst.restricted(affected), routes))
     rate, sub = best
     merged = Plan({**keep, **sub.assignment}, {**kept.worker_paths, **sub.worker_paths},
                   {**{s: p for s, p in sub.switch_paths.items() if s in set(sub.assignment.values())}, **kept.switch_paths})
@@ -166,7 +166,7 @@ def _fit_affected(inst: Instance, fixed_inst: Instance, kept: Plan, affected: tu
     """
     deadline.check()
     direct = sum(1 for a in kept.assignment.values() if a == inst.ps)
-    sub_inst = Instance(inst.graph, inst.ps, affected, max(0.0, inst.ps_gbps - direct * rate), inst.worker_gbps)
+    sub_inst = inst.restricted(affected, max(0.0, inst.ps_gbps - direct * rate))
     net = _residual_net(sub_inst, [Part(fixed_inst, kept, rate)], routes) if kept.assignment else FlowNet(sub_inst)
     return try_rate(net, rate, deadline=deadline, streaming=set(kept.switch_paths))
 
