@@ -50,7 +50,8 @@ def plan_aggregation(cfg: Config) -> AggregationPlan:
         seed=cfg.run.seed,
         source="network.topology",
     ))
-    result = solve(inst, net.algorithm, seed=cfg.run.seed)
+    # one level: the backends' software switches send their sums to the server, as a one-level plan says
+    result = solve(inst, net.algorithm, seed=cfg.run.seed, **({"two_level": False} if net.algorithm == "grid" else {}))
     if result.evaluation is None or result.plan is None:
         raise ConfigError(f"network: the {net.algorithm} planner ran out of time ({result.notes.get('time_limit')}); try network.algorithm = \"grid\"")
     rate_gbps = min(result.evaluation.min_rate_gbps, cfg.cluster.link_gbps)

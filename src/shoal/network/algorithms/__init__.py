@@ -22,7 +22,7 @@ from shoal.network.evaluator import Evaluation, Plan, complete_paths, evaluate
 from shoal.network.instance import Instance
 from shoal.network.routing import Routes
 
-Planner = Callable[[Instance, Routes, int, Deadline], tuple[Plan, "float | None", dict[str, object]]]
+Planner = Callable[..., tuple[Plan, "float | None", dict[str, object]]]  # (instance, routes, seed, deadline, **options)
 
 ALGORITHMS: dict[str, Planner] = {
     "grid": plan_grid,
@@ -93,14 +93,18 @@ def _clean(obj: object) -> object:
 DEFAULT_TIME_LIMIT_S = 60.0
 
 
-def solve(inst: Instance, algo: str, seed: int = 0, routes: Routes | None = None, time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> Result:
-    """Run one planner (timed, within ``time_limit_s``) and score its plan with the evaluator."""
+def solve(inst: Instance, algo: str, seed: int = 0, routes: Routes | None = None, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+          **options: object) -> Result:
+    """Run one planner (timed, within ``time_limit_s``) and score its plan with the evaluator.
+
+    ``options`` go to the planner (``two_level=False`` keeps grid to one level of aggregation).
+    """
     if algo not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algo!r}")
     routes = routes or Routes(inst.graph)
     deadline = Deadline(time_limit_s)
     try:
-        plan, bound, notes = ALGORITHMS[algo](inst, routes, seed, deadline)
+        plan, bound, notes = ALGORITHMS[algo](inst, routes, seed, deadline, **options)
     except TimeLimit as err:
         return Result(algo, None, None, None, time.perf_counter() - deadline.start, {"time_limit": str(err)})
     plan = complete_paths(plan, inst, routes)
