@@ -125,11 +125,12 @@ def run_milp_check(seed: int) -> dict:
     from shoal.network.algorithms.grid import optimum_milp
 
     inst = milp_instance(seed)
-    res = solve(inst, "grid", seed)
+    res = solve(inst, "grid", seed, two_level=False)  # the MILP's model: one level of aggregation
+    two = solve(inst, "grid", seed)
     start = time.perf_counter()
     opt = optimum_milp(inst, time_limit_s=60)
     return {"seed": seed, "workers": len(inst.workers), "grid_gbps": res.evaluation.min_rate_gbps, "grid_bound_gbps": res.bound_gbps,
-            "milp_optimum_gbps": opt, "grid_s": res.solve_s, "milp_s": time.perf_counter() - start}
+            "grid_two_level_gbps": two.evaluation.min_rate_gbps, "milp_optimum_gbps": opt, "grid_s": res.solve_s, "milp_s": time.perf_counter() - start}
 
 
 def summarise(rows: list[dict]) -> list[dict]:
@@ -202,15 +203,17 @@ def milp_lines(milp: list[dict]) -> list[str]:
     equal = [m for m in solved if abs(m["grid_gbps"] - m["milp_optimum_gbps"]) <= 1e-9 * m["milp_optimum_gbps"]]
     tight = [m for m in solved if abs(m["grid_bound_gbps"] - m["milp_optimum_gbps"]) <= 1e-9 * m["milp_optimum_gbps"]]
     worst = min((m["grid_gbps"] / m["milp_optimum_gbps"] for m in solved), default=None)
+    beyond = [m for m in solved if m["grid_two_level_gbps"] > m["milp_optimum_gbps"] * (1 + 1e-9)]
     return [
         "",
         "## grid against the exact link-aware optimum",
         "",
         f"{len(milp)} random instances small enough for an exact MILP over assignments and paths (fat-tree k=4 with 4 hosts per rack, "
         "4 x 6 leaf-spine with 5 hosts per leaf, fat-tree k=6 with 2; 12-29 workers; links 25/40/100 Gbps; capacities 10..800 Gbps): "
-        f"MILP solved on {len(solved)}; grid equals the MILP optimum on **{len(equal)} of {len(solved)}** (lowest grid/optimum {fmt(worst, 4)}); "
-        f"grid's upper bound equals the optimum on {len(tight)}. Mean solve time: grid {statistics.fmean(m['grid_s'] for m in milp):.3f} s, "
-        f"MILP {statistics.fmean(m['milp_s'] for m in milp):.1f} s.",
+        f"MILP solved on {len(solved)}; grid kept to one level (the MILP's model) equals the MILP optimum on **{len(equal)} of {len(solved)}** "
+        f"(lowest grid/optimum {fmt(worst, 4)}); grid's upper bound equals the optimum on {len(tight)}. "
+        f"With two levels (through the PS's rack switch) grid beats that one-level optimum on {len(beyond)}. "
+        f"Mean solve time: grid {statistics.fmean(m['grid_s'] for m in milp):.3f} s, MILP {statistics.fmean(m['milp_s'] for m in milp):.1f} s.",
     ]
 
 
