@@ -33,7 +33,7 @@ import networkx as nx
 
 from shoal.network.algorithms.budget import NO_LIMIT, Deadline, TimeLimit
 from shoal.network.algorithms.exact import optimum
-from shoal.network.algorithms.grid import FlowNet, rate_candidates, try_rate
+from shoal.network.algorithms.grid import FlowNet, _lift, _rooted, rate_candidates, try_rate
 from shoal.network.evaluator import TOL, Plan, Violation, complete_paths, evaluate
 from shoal.network.instance import Instance
 from shoal.network.routing import Routes
@@ -205,6 +205,7 @@ def plan_sharded(inst: Instance, servers: Sequence[str], routes: Routes | None =
     start = deadline.start
     routes = routes or Routes(inst.graph)
     shards = shard_instances(inst, servers)
+    rooted = [_rooted(shard) for shard in shards]
     bound = sharded_bound(inst, servers)
     cand = rate_candidates(shards[0], 0.0, bound / len(servers))
     best: list[Part] = [Part(s, Plan({w: s.ps for w in s.workers}), s.ps_gbps / len(s.workers)) for s in shards]  # every worker direct
@@ -212,7 +213,7 @@ def plan_sharded(inst: Instance, servers: Sequence[str], routes: Routes | None =
     try:
         while left <= right:
             mid = (left + right) // 2
-            parts = _fit_all(shards, float(cand[mid]), routes, deadline)
+            parts = _fit_all(shards, rooted, float(cand[mid]), routes, deadline)
             if parts is not None:
                 best, left = parts, mid + 1
             else:
@@ -228,14 +229,41 @@ def plan_sharded(inst: Instance, servers: Sequence[str], routes: Routes | None =
     return ShardedResult(tuple(best), rate, ev, bound, time.perf_counter() - start, notes)
 
 
-def _fit_all(shards: Sequence[Instance], rate: float, routes: Routes, deadline: Deadline) -> list[Part] | None:
+def _fit_all(shards: Sequence[Instance], rooted: Sequence[tuple[Instance, str] | None], rate: float, routes: Routes,
+             deadline: Deadline) -> list[Part] | None:
+    """Every shard at ``rate``, one after another: two levels through its PS's rack switch where it can, else one."""
     parts: list[Part] = []
-    for shard in shards:
-        plan = _fit(shard, parts, rate, routes, 0, deadline)
+    for shard, root in zip(shards, rooted):
+        plan = _fit_rooted(shard, root, parts, rate, routes, deadline) if root is not None else None
+        plan = plan or _fit(shard, parts, rate, routes, 0, deadline)
         if plan is None:
             return None
         parts.append(Part(shard, plan, rate))
     return parts
+
+
+def _fit_rooted(inst: Instance, rooted: tuple[Instance, str], fixed: Sequence[Part], rate: float, routes: Routes,
+                deadline: Deadline) -> Plan | None:
+    """A two-level plan at ``rate`` through the PS's rack switch, in what the fixed parts leave of it and of its link to the PS."""
+    sub, root = rooted
+    joint = evaluate_joint(inst.graph, list(fixed), routes) if fixed else None
+    left = inst.capacity(root) - (joint.switch_load_gbps.get(root, 0.0) if joint else 0.0)
+    link = float(inst.graph.edges[root, inst.ps]["bandwidth_gbps"]) - _arc_load(fixed, root, inst.ps, routes)
+    if rate > min(sub.worker_gbps, link) * (1 + TOL) or left < rate:
+        return None
+    model = Instance(sub.graph, root, sub.workers, left, sub.worker_gbps, sub.programmable)
+    deadline.check()
+    plan = try_rate(_residual_net(model, fixed, routes), rate, deadline=deadline)
+    return _lift(plan, inst, root) if plan is not None else None
+
+
+def _arc_load(parts: Sequence[Part], u: str, v: str, routes: Routes) -> float:
+    """Gbps the parts send over the directed link u -> v."""
+    load = 0.0
+    for part in parts:
+        ev = evaluate(part.inst, complete_paths(part.plan, part.inst, routes), routes)
+        load += ev.link_streams.get((u, v), 0) * part.rate_gbps
+    return load
 
 
 # --------------------------------------------------------------------------- several jobs
