@@ -37,3 +37,27 @@ def fast_config():
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def app():
+    """`shoal route` on its own typer app, so route tests do not depend on the other commands importing."""
+    import typer
+
+    from shoal.commands.route import route
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command("route")(route)
+
+    @app.callback()
+    def _root() -> None:
+        """Keep `route` a subcommand."""
+
+    return app
+
+
+def run_route(app, *args: str):
+    """Invoke `route ARGS...` on the app fixture."""
+    from typer.testing import CliRunner
+
+    return CliRunner().invoke(app, ["route", *args])

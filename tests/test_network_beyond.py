@@ -6,10 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
-from shoal.commands.route import route
+from conftest import run_route
 from shoal.config import ConfigError
 from shoal.network import Plan, build_instance, evaluate, solve
 from shoal.network.instance import Instance, extra_servers
@@ -126,42 +124,26 @@ def test_a_failed_switch_and_bad_failure_specs() -> None:
 # --------------------------------------------------------------------------- through the CLI
 
 
-@pytest.fixture(scope="module")
-def app() -> typer.Typer:
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command("route")(route)
-
-    @app.callback()
-    def _root() -> None:
-        """Keep `route` a subcommand."""
-
-    return app
-
-
-def run(app: typer.Typer, *args: str):
-    return CliRunner().invoke(app, ["route", *args])
-
-
 def test_cli_sharded_model(app) -> None:
-    res = run(app, "--topology", "fattree:k=4", "--workers", "8", "--ps-count", "3", "--algo", "grid,geryon", "--link-gbps", "inf", "--json")
+    res = run_route(app, "--topology", "fattree:k=4", "--workers", "8", "--ps-count", "3", "--algo", "grid,geryon", "--link-gbps", "inf", "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert len(out["instance"]["servers"]) == 3 and out["results"]["grid"]["ps_count"] == 3
     assert out["results"]["grid"]["violations"] == [] and out["results"]["grid"]["min_rate_gbps"] >= out["results"]["geryon"]["min_rate_gbps"]
     assert out["results"]["geryon"]["min_rate_gbps"] == pytest.approx(3 * 100 / 8)  # each PS takes all 8 workers' streams
-    table = run(app, "--topology", "fattree:k=4", "--workers", "8", "--ps", "h0.0.0,h3.1.1")
+    table = run_route(app, "--topology", "fattree:k=4", "--workers", "8", "--ps", "h0.0.0,h3.1.1")
     assert table.exit_code == 0 and "2 PSs" in table.stdout
 
 
 def test_cli_jobs_and_failures(app, tmp_path: Path) -> None:
     jobs = tmp_path / "jobs.json"
     jobs.write_text(json.dumps({"switch_slots": 2048, "jobs": [{"name": "a", "workers": 5}, {"name": "b", "workers": 5, "slots": 1024}]}))
-    res = run(app, "--topology", "fattree:k=4", "--programmable", "all", "--jobs", str(jobs), "--json")
+    res = run_route(app, "--topology", "fattree:k=4", "--programmable", "all", "--jobs", str(jobs), "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["joint"]["feasible"] and set(out["joint"]["jobs"]) == {"a", "b"}
     assert all(n <= 2048 for n in out["joint"]["switch_slots_used"].values())
-    res = run(app, "--topology", "fattree:k=4", "--workers", "8", "--programmable", "all", "--fail", "e0.0-a0.0", "--json")
+    res = run_route(app, "--topology", "fattree:k=4", "--workers", "8", "--programmable", "all", "--fail", "e0.0-a0.0", "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["failed"]["links"] == [["e0.0", "a0.0"]] and out["replan"]["violations"] == []
@@ -181,7 +163,7 @@ def test_cli_jobs_and_failures(app, tmp_path: Path) -> None:
     ],
 )
 def test_cli_bad_beyond_options_exit_2_with_one_line(app, args: list[str], message: str) -> None:
-    res = run(app, "--topology", "fattree:k=4", *args)
+    res = run_route(app, "--topology", "fattree:k=4", *args)
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], res.stderr
@@ -199,6 +181,6 @@ def test_cli_bad_jobs_files(app, tmp_path: Path) -> None:
     for case, (data, message) in cases.items():
         path = tmp_path / "jobs.json"
         path.write_text(json.dumps(data))
-        res = run(app, "--topology", "fattree:k=4", "--jobs", str(path))
+        res = run_route(app, "--topology", "fattree:k=4", "--jobs", str(path))
         assert res.exit_code == 2, (case, res.output)
         assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, (case, res.stderr)

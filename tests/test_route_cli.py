@@ -8,29 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
-from shoal.commands.route import route
+from conftest import run_route
 
 CONTRACT = {"min_rate_gbps", "bound_gbps", "ps_load_gbps", "max_switch_utilisation", "violations", "solve_s"}
-
-
-@pytest.fixture(scope="module")
-def app() -> typer.Typer:
-    """`route` on its own app, so these tests do not depend on the other commands importing."""
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command("route")(route)
-
-    @app.callback()
-    def _root() -> None:
-        """Keep `route` a subcommand."""
-
-    return app
-
-
-def run(app: typer.Typer, *args: str):
-    return CliRunner().invoke(app, ["route", *args])
 
 
 def test_route_is_registered_on_the_shoal_cli() -> None:
@@ -41,14 +22,14 @@ def test_route_is_registered_on_the_shoal_cli() -> None:
 
 
 def test_table_output(app) -> None:
-    res = run(app, "--topology", "fattree:k=4", "--workers", "10", "--programmable", "random:0.3", "--algo", "grid,atp,geryon", "--seed", "2")
+    res = run_route(app, "--topology", "fattree:k=4", "--workers", "10", "--programmable", "random:0.3", "--algo", "grid,atp,geryon", "--seed", "2")
     assert res.exit_code == 0, res.output
     for word in ("grid", "atp", "geryon", "min rate Gbps", "violations", "10 workers"):
         assert word in res.stdout
 
 
 def test_json_contract_for_every_algorithm(app) -> None:
-    res = run(app, "--topology", "fattree:k=8", "--workers", "100", "--programmable", "random:0.2", "--capacity", "100:3200",
+    res = run_route(app, "--topology", "fattree:k=8", "--workers", "100", "--programmable", "random:0.2", "--capacity", "100:3200",
               "--ps-gbps", "100", "--seed", "1", "--algo", "all", "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
@@ -67,7 +48,7 @@ def test_json_contract_for_every_algorithm(app) -> None:
 
 
 def test_unconstrained_links_give_the_papers_model(app) -> None:
-    res = run(app, "--topology", "leafspine:spines=4,leaves=6,hosts=4", "--workers", "20", "--link-gbps", "inf", "--algo", "grid,exact", "--json")
+    res = run_route(app, "--topology", "leafspine:spines=4,leaves=6,hosts=4", "--workers", "20", "--link-gbps", "inf", "--algo", "grid,exact", "--json")
     results = json.loads(res.stdout)["results"]
     assert results["grid"]["min_rate_gbps"] == pytest.approx(results["exact"]["min_rate_gbps"])
     assert results["grid"]["max_link_utilisation"] is None
@@ -75,11 +56,11 @@ def test_unconstrained_links_give_the_papers_model(app) -> None:
 
 def test_plot_and_save_round_trip(app, tmp_path: Path) -> None:
     png, topo = tmp_path / "plan.png", tmp_path / "inst.json"
-    res = run(app, "--topology", "fattree:k=4", "--workers", "8", "--algo", "grid,atp", "--plot", str(png), "--save", str(topo), "--json")
+    res = run_route(app, "--topology", "fattree:k=4", "--workers", "8", "--algo", "grid,atp", "--plot", str(png), "--save", str(topo), "--json")
     assert res.exit_code == 0, res.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     first = json.loads(res.stdout)["results"]
-    again = run(app, "--topology", str(topo), "--algo", "grid,atp", "--json")  # PS, workers, capacities from the file
+    again = run_route(app, "--topology", str(topo), "--algo", "grid,atp", "--json")  # PS, workers, capacities from the file
     assert again.exit_code == 0, again.output
     second = json.loads(again.stdout)["results"]
     assert second["grid"]["min_rate_gbps"] == pytest.approx(first["grid"]["min_rate_gbps"])
@@ -133,7 +114,7 @@ BAD_FILES = {
 def test_bad_topology_files_exit_2_with_one_line(app, tmp_path: Path, case: str) -> None:
     data, message = BAD_FILES[case]
     path = write(tmp_path, data)
-    res = run(app, "--topology", path, "--algo", "all")
+    res = run_route(app, "--topology", path, "--algo", "all")
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {path}: ") and message in lines[0], res.stderr
@@ -166,7 +147,7 @@ def test_bad_topology_files_exit_2_with_one_line(app, tmp_path: Path, case: str)
     ],
 )
 def test_bad_options_exit_2_with_one_line(app, args: list[str], message: str) -> None:
-    res = run(app, *args)
+    res = run_route(app, *args)
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], res.stderr
@@ -222,7 +203,7 @@ def test_an_unreachable_programmable_switch_is_left_out_with_a_note(app, tmp_pat
     """A big switch behind a 0 Gbps link used to crash grid, rgria and exact; now it is excluded."""
     data = tiny(switches=[{"name": "s1", "programmable": True, "capacity_gbps": 400}, {"name": "island", "programmable": True, "capacity_gbps": 3200}],
                 links=tiny()["links"] + [{"a": "s1", "b": "island", "bandwidth_gbps": 0}])
-    res = run(app, "--topology", write(tmp_path, data), "--algo", "all", "--json")
+    res = run_route(app, "--topology", write(tmp_path, data), "--algo", "all", "--json")
     assert res.exit_code == 0, res.output
     assert "note: 1 programmable switch(es) cannot be reached" in res.stderr and "island" in res.stderr
     out = json.loads(res.stdout)
@@ -234,18 +215,18 @@ def test_an_unreachable_programmable_switch_is_left_out_with_a_note(app, tmp_pat
 
 def test_a_planner_that_runs_out_of_time_says_so(app, monkeypatch) -> None:
     """rgria's LP cannot finish in a microsecond: its entry says "time limit"; grid returns its best plan so far."""
-    res = run(app, "--topology", "fattree:k=4", "--algo", "rgria,grid", "--time-limit", "0.000001", "--json")
+    res = run_route(app, "--topology", "fattree:k=4", "--algo", "rgria,grid", "--time-limit", "0.000001", "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)["results"]
     assert out["rgria"]["status"] == "time limit" and out["rgria"]["min_rate_gbps"] is None
     assert "time limit" in out["rgria"]["notes"]["time_limit"]
     assert out["grid"]["min_rate_gbps"] > 0 and out["grid"]["violations"] == []
-    table = run(app, "--topology", "fattree:k=4", "--algo", "rgria,grid", "--time-limit", "0.000001")
+    table = run_route(app, "--topology", "fattree:k=4", "--algo", "rgria,grid", "--time-limit", "0.000001")
     assert table.exit_code == 0 and "time limit" in table.stdout
 
 
 def test_hosts_per_rack_and_packed_placement(app) -> None:
-    out = json.loads(run(app, "--topology", "fattree:k=4", "--hosts-per-rack", "3", "--workers", "7", "--placement", "packed",
+    out = json.loads(run_route(app, "--topology", "fattree:k=4", "--hosts-per-rack", "3", "--workers", "7", "--placement", "packed",
                          "--ps", "h3.1.2", "--algo", "geryon", "--json").stdout)
     assert out["instance"]["hosts"] == 4 * 2 * 3
     workers = sorted(out["results"]["geryon"]["assignment"])
