@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 import re
 import shutil
@@ -77,8 +78,8 @@ def _start(scheme: str) -> list[dict[str, Any]]:
 
 
 def _evals(rate: float) -> list[dict[str, Any]]:
-    return [{"event": "eval", "t": t * 0.5, "accuracy": min(0.95, 0.1 + rate * t), "loss": 1.0, "iterations": t}
-            for t in range(9)]
+    return [{"event": "eval", "t": t * 0.5, "accuracy": min(0.95, 0.1 + rate * t), "loss": 2.3 * math.exp(-rate * t),
+             "iterations": t, "bytes": int(t * 4e6 / (1 + 10 * rate))} for t in range(9)]
 
 
 @pytest.fixture(scope="module")
@@ -166,16 +167,16 @@ def test_sim_heatmap_from_synthetic_events(tmp_path):
 
 def test_report_has_every_section_and_only_inline_resources(synthetic):
     page = (synthetic / "report.html").read_text()
-    for anchor in ("accuracy", "results", "timeline", "groups", "sim", "routing"):
+    for anchor in ("accuracy", "loss", "results", "timeline", "groups", "sim", "routing"):
         assert f'<section id="{anchor}">' in page
     assert not re.search(r'(src|href)="(?!data:image/png;base64,|#)', page), "only data URIs and in-page anchors"
     assert "<link" not in page and "@import" not in page and "url(" not in page
-    assert len(re.findall(r'<img src="data:image/png;base64,', page)) == 1 + 1 + 3 + 1  # accuracy, split, 3 timelines, sim
+    assert len(re.findall(r'<img src="data:image/png;base64,', page)) == 1 + 1 + 1 + 3 + 1  # accuracy, loss/bytes, split, 3 timelines, sim
     assert "ssp: no per-iteration events" in page
     assert "w1: g0 &rarr; g1" in page and "profiled" in page and "regroup" in page
     assert "min_rate_gbps" in page and "12.5" in page
     assert "123 MB" in page and "gssp+sim reached 90% test accuracy first" in page
-    for name in ("accuracy.png", "time-split.png", "timeline-bsp.png", "timeline-gssp.png", "timeline-gssp_sim.png",
+    for name in ("accuracy.png", "loss_bytes.png", "time-split.png", "timeline-bsp.png", "timeline-gssp.png", "timeline-gssp_sim.png",
                  "sim-gssp_sim.png"):
         assert (synthetic / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (synthetic / "timeline-ssp.png").exists()
@@ -198,9 +199,21 @@ window.__errors = [];
 window.addEventListener('error', function (e) { window.__errors.push(String(e.message || e.type)); }, true);
 window.addEventListener('load', function () {
   var imgs = Array.prototype.map.call(document.images, function (i) { return [i.complete, i.naturalWidth]; });
+  // what a reader sees: no two blocks of a section drawn over each other (figures, legends, tables, notes)
+  var overlaps = [];
+  document.querySelectorAll('section, header, footer').forEach(function (sec) {
+    var kids = Array.prototype.filter.call(sec.querySelectorAll('h2, p, img, table, figure, ul, pre, div.chips'),
+      function (e) { return e.getBoundingClientRect().height > 0; });
+    for (var i = 0; i < kids.length; i++) for (var j = i + 1; j < kids.length; j++) {
+      if (kids[i].contains(kids[j]) || kids[j].contains(kids[i])) continue;
+      var a = kids[i].getBoundingClientRect(), b = kids[j].getBoundingClientRect();
+      var w = Math.min(a.right, b.right) - Math.max(a.left, b.left), h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+      if (w > 1 && h > 1) overlaps.push((sec.id || sec.tagName) + ': ' + kids[i].tagName + '/' + kids[j].tagName);
+    }
+  });
   var out = document.createElement('pre');
   out.id = 'shoal-check';
-  out.textContent = JSON.stringify({errors: window.__errors, images: imgs});
+  out.textContent = JSON.stringify({errors: window.__errors, images: imgs, overlaps: overlaps});
   document.body.appendChild(out);
 });
 </script>"""
@@ -239,7 +252,8 @@ def test_report_renders_in_headless_chromium(synthetic, tmp_path):
     assert found, "the check script did not run"
     result = json.loads(html.unescape(found.group(1)))
     assert result["errors"] == []
-    assert len(result["images"]) == 6 and all(complete and width > 0 for complete, width in result["images"])
+    assert len(result["images"]) == 7 and all(complete and width > 0 for complete, width in result["images"])
+    assert result["overlaps"] == []
 
     shot = tmp_path / "shot.png"
     run_chromium(binary, tmp_path / "profile-shot", "--hide-scrollbars", "--window-size=1280,2000",
@@ -290,3 +304,16 @@ def test_the_routing_section_is_tables_not_a_dump():
     assert "<td class=\"left\">server</td><td>1</td><td class=\"left\">2</td>" in page
     assert "<th>fallbacks full</th>" in page and "<td>7</td>" in page  # the switch's counters
     assert "worker_nodes" not in page and "{" not in page  # no raw JSON
+
+
+def test_every_schemes_curve_has_visible_pixels(synthetic):
+    """In the accuracy and loss plots, each scheme's colour is drawn (a hidden curve would leave none)."""
+    from shoal.report.plots import scheme_style
+
+    schemes = [r["scheme"] for r in json.loads((synthetic / "compare.json").read_text())["rows"]]
+    for name in ("accuracy.png", "loss_bytes.png"):
+        pixels = np.asarray(Image.open(synthetic / name).convert("RGB")).astype(int)
+        for scheme in schemes:
+            rgb = np.array([int(scheme_style(scheme)[0][i:i + 2], 16) for i in (1, 3, 5)])
+            near = (np.abs(pixels - rgb).sum(axis=2) < 40).sum()
+            assert near > 150, f"{scheme}'s curve is not visible in {name} ({near} pixels of its colour)"

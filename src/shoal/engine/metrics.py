@@ -66,7 +66,8 @@ class RunRecorder:
         """
         if self.metric == "accuracy":
             accuracy = value
-        record: dict[str, Any] = {"t": t, "accuracy": accuracy, "loss": loss, "iterations": self.iterations}
+        record: dict[str, Any] = {"t": t, "accuracy": accuracy, "loss": loss, "iterations": self.iterations,
+                                  "bytes": int(self.bytes_up + self.bytes_down)}
         if self.metric != "accuracy":
             record.update(metric=self.metric, value=value)
         self.evals.append(record)

@@ -29,6 +29,7 @@ def write_report(out: Path) -> Path:
     label = time_label(compare.get("backend"))
     sections = [part for part in (
         _accuracy_section(out, compare, rows, runs, label),
+        _loss_bytes_section(out, compare, rows, runs, label),
         _table_section(out, compare, rows, runs),
         _tuning_section(compare, rows),
         _timeline_section(out, runs, label),
@@ -77,7 +78,7 @@ def _header(compare: dict[str, Any], rows: list[dict[str, Any]], cfg: dict[str, 
             f'<nav>{nav}</nav></div></header><main>')
 
 
-NAV = [("accuracy", "Accuracy"), ("results", "Results"), ("tuning", "Tuning"), ("timeline", "Timelines"),
+NAV = [("accuracy", "Accuracy"), ("loss", "Loss and bytes"), ("results", "Results"), ("tuning", "Tuning"), ("timeline", "Timelines"),
        ("groups", "Groups"), ("sim", "SIM"), ("routing", "Routing")]
 
 
@@ -154,6 +155,25 @@ def _accuracy_section(out: Path, compare: dict[str, Any], rows: list[dict[str, A
     return _section("accuracy", "Test accuracy over time", _img(path, "test accuracy against time for every scheme"),
                     "The model is evaluated every run.eval_every_s seconds; the dashed line is the target and "
                     f"a dot marks when a scheme first reached it.{seeds_note}")
+
+
+def _loss_bytes_section(out: Path, compare: dict[str, Any], rows: list[dict[str, Any]], runs: list[RunData],
+                       label: str) -> str:
+    """Test loss over time and accuracy against bytes moved, one curve per scheme (its first seed)."""
+    loss, by_bytes = [], []
+    for row, run in zip(rows, runs):
+        color, style = plots.scheme_style(row["scheme"])
+        loss.append(plots.Curve(row["scheme"], run.losses, color, style=style))
+        by_bytes.append(plots.Curve(row["scheme"], run.accuracy_by_bytes, color, style=style))
+    if not any(c.points for c in loss + by_bytes):
+        return ""
+    path = plots.plot_loss_and_bytes(loss, by_bytes, out / "loss_bytes.png", label)
+    seeds = " Each curve is the scheme's first seed." if compare.get("seeds", 1) > 1 else ""
+    return _section("loss", "Loss, and accuracy against data moved",
+                    _img(path, "test loss against time, and test accuracy against bytes moved, for every scheme"),
+                    "Left: the test loss at each evaluation. Right: test accuracy against the bytes all workers have "
+                    "sent and received by then: a scheme to the left of another reaches the same accuracy with less "
+                    f"traffic (compression, SIM and in-network aggregation show here).{seeds}")
 
 
 # -- (b) table ------------------------------------------------------------------------------------

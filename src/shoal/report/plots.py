@@ -111,6 +111,32 @@ def plot_accuracy(curves: Sequence[Curve], target: float | None, path: Path, tim
     return _save(fig, path)
 
 
+def plot_loss_and_bytes(loss: Sequence[Curve], by_bytes: Sequence[Curve], path: Path, time_label: str) -> Path:
+    """Test loss against time, and test accuracy against the bytes every worker sent and received so far."""
+    fig = Figure(figsize=(12, 4.2), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    for ax, curves in ((left, loss), (right, by_bytes)):
+        for c in curves:
+            if c.points:
+                x, y = zip(*c.points)
+                ax.plot(x, y, color=c.color, ls=c.style, lw=2.0, label=c.name)
+        ax.grid(alpha=0.3)
+    left.set_xlabel(time_label)
+    left.set_ylabel("test loss")
+    if all(y > 0 for c in loss for _, y in c.points) and any(c.points for c in loss):
+        left.set_yscale("log")
+    left.set_title("Test loss over time")
+    right.set_xlabel("data sent and received, all workers (bytes, log)")
+    right.set_ylabel("test accuracy")
+    if any(x > 0 for c in by_bytes for x, _ in c.points):
+        right.set_xscale("log")
+        right.xaxis.set_major_formatter(lambda x, _: human_bytes(x))
+    right.set_ylim(0, 1)
+    right.set_title("Accuracy against data moved (left = cheaper)")
+    (left if any(c.points for c in loss) else right).legend(loc="best", fontsize=9)
+    return _save(fig, path)
+
+
 def median_band(curves: Sequence[Sequence[tuple[float, float]]],
                 points: int = 200) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Seeds' accuracy curves on one time grid: (t, median, min, max), linearly interpolated.

@@ -8,6 +8,7 @@ only the iterations inside the timeline window.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,9 @@ class RunData:
     name: str
     path: Path
     summary: dict[str, Any]
-    evals: list[tuple[float, float]] = field(default_factory=list)
+    evals: list[tuple[float, float]] = field(default_factory=list)  # (t, accuracy)
+    losses: list[tuple[float, float]] = field(default_factory=list)  # (t, test loss)
+    accuracy_by_bytes: list[tuple[float, float]] = field(default_factory=list)  # (bytes sent and received so far, accuracy)
     groups: list[dict[str, Any]] = field(default_factory=list)
     sim: list[dict[str, Any]] = field(default_factory=list)
     speeds: list[float] = field(default_factory=list)
@@ -59,8 +62,13 @@ def load_run(name: str, path: Path) -> RunData:
 
 def _take(run: RunData, event: dict[str, Any]) -> None:
     kind = event.get("event")
-    if kind == "eval" and event.get("accuracy") is not None:
-        run.evals.append((float(event["t"]), float(event["accuracy"])))
+    if kind == "eval":
+        if event.get("accuracy") is not None:
+            run.evals.append((float(event["t"]), float(event["accuracy"])))
+            if event.get("bytes") is not None:
+                run.accuracy_by_bytes.append((float(event["bytes"]), float(event["accuracy"])))
+        if event.get("loss") is not None and math.isfinite(float(event["loss"])):
+            run.losses.append((float(event["t"]), float(event["loss"])))
     elif kind == "groups":
         run.groups.append(event)
     elif kind == "sim":
