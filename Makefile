@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,ray]'
+	$(BIN)/pip install --quiet -e '.[dev,ray,tensorboard]'
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -45,6 +45,7 @@ class RunConfig(Section):
     eval_every_s: float = Field(1.0, gt=0, description="Evaluate the model every this many (virtual) seconds.")
     stop_at_target: bool = Field(True, description="Stop as soon as target_accuracy is reached.")
     target_patience: int = Field(3, ge=1, description="Evaluations in a row at or above target_accuracy that count as reaching it; the time reported is the first of them (3: one lucky evaluation on a 1,000-image test set, +-0.75 points of noise, cannot decide a row).")
+    tensorboard: bool = Field(False, description="Also write TensorBoard scalars to OUT/tensorboard (accuracy, loss, bytes moved, per-group iterations per second; needs pip install 'shoal[tensorboard]').")
 
 
 MODEL_BUILTINS = ("lenet5", "mlp", "resnet18", "vgg11")

@@ -6,6 +6,7 @@ before the output folder is touched, so a rejected run writes nothing.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +76,25 @@ def _check_inputs(cfg: Config, out: Path, overwrite: bool, resume: Path | None) 
         from shoal.backends.ray_session import validate
 
         validate(cfg)
+    if cfg.run.tensorboard:
+        from shoal.engine.tensorboard import check_available
+
+        check_available()
     if resume is not None:
         from shoal.backends.ray_session import check_resume
 
         check_resume(cfg, resume)
     return in_place
+
+
+def _tensorboard(cfg: Config, out: Path, recorder: RunRecorder) -> Any:
+    """With ``run.tensorboard``, scalars in OUT/tensorboard fed by every event the recorder sees."""
+    if not cfg.run.tensorboard:
+        return None
+    from shoal.engine.tensorboard import TensorBoardScalars
+
+    recorder.listener = TensorBoardScalars(out / "tensorboard")
+    return recorder.listener
 
 
 def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = None,
@@ -100,6 +115,7 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
     with open(out / "metrics.jsonl", "a" if in_place else "w") as stream:
         recorder = RunRecorder(stream=stream, log_iterations=cfg.backend.log_iterations, metric=cfg.task.metric,
                                higher_is_better=cfg.task.higher)
+        scalars = _tensorboard(cfg, out, recorder)
         try:
             summary = run_backend(setup, recorder, progress, out=out, resume=resume)
         except ConfigError:  # rejected while starting (e.g. the Ray cluster is too small): leave nothing behind
@@ -107,8 +123,14 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
                 stream.close()
                 for name in ("config.toml", "metrics.jsonl"):
                     (out / name).unlink(missing_ok=True)
+                if scalars is not None:
+                    scalars.close()
+                    shutil.rmtree(out / "tensorboard", ignore_errors=True)
                 remove_dirs(created)
             raise
+        finally:
+            if scalars is not None:
+                scalars.close()
     summary.update(recorder.metric_fields(cfg.target()))
     if setup.streams:
         summary["data_partition"] = setup.partition_summary()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -44,17 +45,22 @@ class RunRecorder:
     best_metric: float | None = None
     last_metric: float | None = None
     _streak: list[float] = field(default_factory=list)  # times of the evaluations in a row at or above the target
+    listener: Callable[[str, dict[str, Any]], None] | None = None  # also sees every event (TensorBoard scalars)
 
     def event(self, kind: str, **fields: Any) -> None:
         """One line of metrics.jsonl, flushed at once (a reader or a crash sees every event so far)."""
         if self.stream is not None:
             self.stream.write(dumps({"event": kind, **fields}) + "\n")
             self.stream.flush()
+        if self.listener is not None:
+            self.listener(kind, fields)
 
     def iteration(self, **fields: Any) -> None:
         self.iterations += 1
         if self.log_iterations:
             self.event("iteration", **fields)
+        elif self.listener is not None:
+            self.listener("iteration", fields)
 
     def evaluation(self, t: float, value: float, loss: float, target: float | None, patience: int = 1, *,
                    accuracy: float | None = None) -> bool:
