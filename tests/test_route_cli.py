@@ -231,3 +231,20 @@ def test_hosts_per_rack_and_packed_placement(app) -> None:
     assert out["instance"]["hosts"] == 4 * 2 * 3
     workers = sorted(out["results"]["geryon"]["assignment"])
     assert workers == ["h0.0.0", "h0.0.1", "h0.0.2", "h0.1.0", "h0.1.1", "h0.1.2", "h1.0.0"]  # rack by rack
+
+
+def test_switch_labels_of_a_crowded_plan_never_overlap():
+    """fat-tree k = 8 with 100 workers: busy switches keep their labels, the rest move or hide, none collide."""
+    from shoal.network import build_instance, solve
+    from shoal.network.plot import plan_figure
+    from shoal.network.topology import fat_tree
+
+    inst = build_instance(fat_tree(8), workers=100, programmable="random:0.2", seed=0)
+    fig = plan_figure(inst, [solve(inst, a) for a in ("grid", "atp", "switchml", "exact")])
+    renderer = fig.canvas.get_renderer()
+    labelled = 0
+    for ax in fig.axes[:4]:
+        boxes = [t.get_window_extent(renderer) for t in ax.texts if t.get_visible() and "w" in t.get_text() and ":" in t.get_text()]
+        labelled += len(boxes)
+        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert labelled >= 30  # most switches keep a label

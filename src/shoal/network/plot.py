@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import networkx as nx
 from matplotlib.axes import Axes
@@ -73,6 +74,11 @@ def _fan_hosts(pos: dict[str, tuple[float, float]], hosts: Sequence[str]) -> Non
 
 def draw_plans(inst: Instance, results: Sequence[Result], path: str | Path) -> None:
     """Write one PNG with a panel per result (an algorithm that ran out of time with no plan has none)."""
+    plan_figure(inst, results).savefig(path, dpi=110)
+
+
+def plan_figure(inst: Instance, results: Sequence[Result]) -> Figure:
+    """The figure draw_plans saves, laid out, labels decluttered."""
     results = [r for r in results if not r.timed_out]
     if not results:
         raise ConfigError("--plot: no algorithm returned a plan within the time limit, so there is nothing to draw")
@@ -82,13 +88,16 @@ def draw_plans(inst: Instance, results: Sequence[Result], path: str | Path) -> N
     FigureCanvasAgg(fig)
     pos = layout(inst)
     norm = utilisation_norm(results)
+    panels: list[tuple[Axes, Labels]] = []
     for i, res in enumerate(results):
-        _panel(fig.add_subplot(rows, cols, i + 1), inst, res, pos, norm)
+        ax = fig.add_subplot(rows, cols, i + 1)
+        panels.append((ax, _panel(ax, inst, res, pos, norm)))
     fig.colorbar(ScalarMappable(norm, CMAP), ax=fig.axes, shrink=0.6, label="utilisation at the plan's claimed rate (>1 = overloaded)")
     fig.legend(handles=_legend(), loc="outside lower center", ncols=6, fontsize=8, frameon=False)
     fig.suptitle(f"{inst.graph.graph.get('name', 'topology')}: {len(inst.workers)} workers, PS {inst.ps}, "
                  f"{len(inst.programmable)} programmable switches, B={inst.ps_gbps:g} Gbps, T={inst.worker_gbps:g} Gbps", fontsize=12)
-    fig.savefig(path, dpi=110)
+    _declutter(fig, panels)
+    return fig
 
 
 def utilisation_norm(results: Sequence[Result]) -> TwoSlopeNorm:
@@ -99,7 +108,7 @@ def utilisation_norm(results: Sequence[Result]) -> TwoSlopeNorm:
     return TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=math.ceil(worst))
 
 
-def _panel(ax: Axes, inst: Instance, res: Result, pos: dict[str, tuple[float, float]], norm: Normalize) -> None:
+def _panel(ax: Axes, inst: Instance, res: Result, pos: dict[str, tuple[float, float]], norm: Normalize) -> Labels:
     g, ev = inst.graph, res.evaluation
     assert ev is not None and res.plan is not None  # draw_plans leaves out results without a plan
     shown = set(pos)
@@ -117,7 +126,7 @@ def _panel(ax: Axes, inst: Instance, res: Result, pos: dict[str, tuple[float, fl
         u, v = tuple(key)
         if u in pos and v in pos:
             ax.plot([pos[u][0], pos[v][0]], [pos[u][1], pos[v][1]], color=cmap(norm(util)), lw=0.6 + 1.2 * math.log2(1 + n), zorder=1, alpha=0.85)
-    _switches(ax, inst, ev, pos, norm)
+    labels = _switches(ax, inst, ev, pos, norm)
     _hosts(ax, inst, res, pos)
     n_viol = len(ev.violations)
     worst = max((v.factor for v in ev.violations), default=None)
@@ -127,9 +136,10 @@ def _panel(ax: Axes, inst: Instance, res: Result, pos: dict[str, tuple[float, fl
     ax.set_axis_off()
     top = max(y for _, y in pos.values())
     ax.set_ylim(-0.6, top + 0.45)
+    return labels
 
 
-def _switches(ax: Axes, inst: Instance, ev: Evaluation, pos: dict[str, tuple[float, float]], norm: Normalize) -> None:
+def _switches(ax: Axes, inst: Instance, ev: Evaluation, pos: dict[str, tuple[float, float]], norm: Normalize) -> Labels:
     g = inst.graph
     prog = set(inst.programmable)
     plain = [s for s in pos if g.nodes[s]["kind"] == "switch" and s not in prog]
@@ -139,12 +149,44 @@ def _switches(ax: Axes, inst: Instance, ev: Evaluation, pos: dict[str, tuple[flo
     used = list(ev.switch_workers)
     ax.scatter([pos[s][0] for s in used], [pos[s][1] for s in used], s=[_size(ev.switch_inputs[s]) for s in used],
                marker="s", c=[ev.switch_utilisation[s] for s in used], cmap=CMAP, norm=norm, edgecolor="black", lw=1.0, zorder=3)
-    for i, s in enumerate(sorted(used, key=lambda s: pos[s])):
-        offset = (4 + 0.5 * math.sqrt(_size(ev.switch_inputs[s]))) * (1 if i % 2 == 0 else -1.6)
+    labels = []
+    for s in sorted(used, key=lambda s: (-ev.switch_inputs[s], s)):  # the busiest switches are labelled first
+        gap = 4 + 0.5 * math.sqrt(_size(ev.switch_inputs[s]))
         children = ev.switch_inputs[s] - ev.switch_workers[s]
         label = f"{s}: {ev.switch_workers[s]}w" + (f" + {children} switch streams" if children else "")
-        ax.annotate(label, pos[s], textcoords="offset points", xytext=(0, offset), ha="center", fontsize=7, zorder=4,
-                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
+        text = ax.annotate(label, pos[s], textcoords="offset points", xytext=(0, gap), ha="center", fontsize=7, zorder=4,
+                           bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
+        labels.append((text, [(0, gap), (0, -1.6 * gap), (gap + 14, 0), (-gap - 14, 0), (0, 2.6 * gap), (0, -3 * gap)]))
+    return labels
+
+
+Labels = list[tuple[Any, list[tuple[float, float]]]]  # a panel's switch labels, each with the places it may go
+
+
+def _declutter(fig: Figure, panels: list[tuple[Axes, Labels]]) -> None:
+    """After layout: move each switch label to the first of its places that overlaps no label kept so far; hide it if none.
+
+    Labels go busiest switch first, so a hidden label is a lightly used
+    switch; each panel says how many it hid.
+    """
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax, labels in panels:
+        kept: list[Any] = []
+        hidden = 0
+        for text, places in labels:
+            for place in places:
+                text.xyann = place
+                box = text.get_window_extent(renderer).expanded(1.05, 1.1)
+                if not any(box.overlaps(other) for other in kept):
+                    kept.append(box)
+                    break
+            else:
+                text.set_visible(False)
+                hidden += 1
+        if hidden:
+            ax.text(0.995, 0.005, f"{hidden} switch label(s) hidden where they would overlap", transform=ax.transAxes,
+                    ha="right", va="bottom", fontsize=7, color="0.35")
 
 
 def _size(inputs: int) -> float:
