@@ -171,7 +171,7 @@ def test_report_has_every_section_and_only_inline_resources(synthetic):
         assert f'<section id="{anchor}">' in page
     assert not re.search(r'(src|href)="(?!data:image/png;base64,|#)', page), "only data URIs and in-page anchors"
     assert "<link" not in page and "@import" not in page and "url(" not in page
-    assert len(re.findall(r'<img src="data:image/png;base64,', page)) == 1 + 1 + 1 + 3 + 1  # accuracy, loss/bytes, split, 3 timelines, sim
+    assert len(re.findall(r'<img src="data:image/png;base64,', page)) == 1 + 1 + 1 + 3 + 1 + 1  # accuracy, loss/bytes, split, 3 timelines, sim, routing
     assert "ssp: no per-iteration events" in page
     assert "w1: g0 &rarr; g1" in page and "profiled" in page and "regroup" in page
     assert "min_rate_gbps" in page and "12.5" in page
@@ -252,7 +252,7 @@ def test_report_renders_in_headless_chromium(synthetic, tmp_path):
     assert found, "the check script did not run"
     result = json.loads(html.unescape(found.group(1)))
     assert result["errors"] == []
-    assert len(result["images"]) == 7 and all(complete and width > 0 for complete, width in result["images"])
+    assert len(result["images"]) == 8 and all(complete and width > 0 for complete, width in result["images"])
     assert result["overlaps"] == []
 
     shot = tmp_path / "shot.png"
@@ -317,3 +317,39 @@ def test_every_schemes_curve_has_visible_pixels(synthetic):
             rgb = np.array([int(scheme_style(scheme)[0][i:i + 2], 16) for i in (1, 3, 5)])
             near = (np.abs(pixels - rgb).sum(axis=2) < 40).sum()
             assert near > 150, f"{scheme}'s curve is not visible in {name} ({near} pixels of its colour)"
+
+
+def test_the_routing_section_draws_the_plan_the_run_used(tmp_path):
+    """A real in-network run: its plan is planned again from config.toml and drawn beside the tables."""
+    from shoal.config import load_config
+    from shoal.runner import train
+
+    cost = ["backend.mode=cost", "cluster.workers=6", "cluster.compute_s=0.001", "run.max_iterations=60", "data.name=digits",
+            "model.name=mlp", "model.hidden=[16]", "network.aggregation=ina", "network.topology=fattree:k=4",
+            "network.programmable=all"]
+    summary = train(load_config(None, cost), tmp_path / "bsp_ina")
+    rows = [{**summary, "scheme": "bsp+ina-grid", "run_dir": "bsp_ina"}]
+    (tmp_path / "compare.json").write_text(json.dumps({"schemes": ["bsp+ina-grid"], "seeds": 1, "backend": "sim",
+                                                       "target_accuracy": 0.9, "rows": rows}))
+    page = write_report(tmp_path).read_text()
+    assert "the routing plan of bsp+ina-grid on its topology" in page
+    picture = tmp_path / "routing-bsp_ina-grid.png"
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.with_suffix(".svg").exists()
+    (tmp_path / "bsp_ina" / "config.toml").write_text("[network]\nbogus = 1\n")  # a config that no longer loads: tables only
+    page = write_report(tmp_path).read_text()
+    assert '<section id="routing">' in page and "the routing plan of" not in page
+
+
+def test_timeline_mark_labels_never_overlap():
+    """Groupings and regroups close together: each label goes up a line until it clears the ones before."""
+    from shoal.report.plots import Timeline, timeline_figure
+
+    marks = [(1.0, "groups formed"), (1.3, "regroup"), (1.6, "groups formed"), (2.0, "regroup"), (6.0, "run ended")]
+    fig, _ = timeline_figure(Timeline("gssp", [], [1.0, 2.0], (0.0, 10.0), marks), "virtual time (s)")
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts if t.get_text() in {m for _, m in marks}]
+    assert len(boxes) == len(marks)
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    title = ax.title if ax.get_title() else ax._left_title
+    assert not any(b.overlaps(title.get_window_extent(renderer)) for b in boxes)  # the title sits above them

@@ -93,7 +93,7 @@ def plan_figure(inst: Instance, results: Sequence[Result]) -> Figure:
         ax = fig.add_subplot(rows, cols, i + 1)
         panels.append((ax, _panel(ax, inst, res, pos, norm)))
     fig.colorbar(ScalarMappable(norm, CMAP), ax=fig.axes, shrink=0.6, label="utilisation at the plan's claimed rate (>1 = overloaded)")
-    fig.legend(handles=_legend(), loc="outside lower center", ncols=6, fontsize=8, frameon=False)
+    fig.legend(handles=_legend(), loc="outside lower center", ncols=6 if cols == 2 else 3, fontsize=8, frameon=False)
     fig.suptitle(f"{inst.graph.graph.get('name', 'topology')}: {len(inst.workers)} workers, PS {inst.ps}, "
                  f"{len(inst.programmable)} programmable switches, B={inst.ps_gbps:g} Gbps, T={inst.worker_gbps:g} Gbps", fontsize=12)
     _declutter(fig, panels)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.config import Config, ConfigError
-from shoal.network.algorithms import solve
-from shoal.network.instance import build_instance
+from shoal.network.algorithms import Result, solve
+from shoal.network.instance import Instance, build_instance
 from shoal.network.topology import parse_topology_spec
 
 
@@ -37,23 +37,8 @@ class AggregationPlan:
 def plan_aggregation(cfg: Config) -> AggregationPlan:
     """Plan where each worker's gradients are summed; bad topology or placement input is a ConfigError."""
     net = cfg.network
-    graph = _renamed(lambda: parse_topology_spec(net.topology, net.link_gbps))
-    low, high = (net.capacity_gbps * 2)[:2]
-    inst = _renamed(lambda: build_instance(
-        graph,
-        workers=list(net.worker_hosts) or cfg.cluster.workers,
-        ps=net.ps_host,
-        programmable=net.programmable,
-        capacity=(low, high),
-        ps_gbps=cfg.cluster.server_gbps,
-        worker_gbps=cfg.cluster.link_gbps,
-        seed=cfg.run.seed,
-        source="network.topology",
-    ))
-    # one level: the backends' software switches send their sums to the server, as a one-level plan says
-    result = solve(inst, net.algorithm, seed=cfg.run.seed, **({"two_level": False} if net.algorithm == "grid" else {}))
-    if result.evaluation is None or result.plan is None:
-        raise ConfigError(f"network: the {net.algorithm} planner ran out of time ({result.notes.get('time_limit')}); try network.algorithm = \"grid\"")
+    inst, result = planned(cfg)
+    assert result.evaluation is not None and result.plan is not None  # planned() refuses a plan-less result
     rate_gbps = min(result.evaluation.min_rate_gbps, cfg.cluster.link_gbps)
     if not rate_gbps > 0:
         raise ConfigError(f"network: the {net.algorithm} plan leaves a worker with no feasible sending rate")
@@ -73,6 +58,29 @@ def plan_aggregation(cfg: Config) -> AggregationPlan:
         switch_bps={s: inst.capacity(s) * 1e9 for s in set(node_of) - {None}},
         summary=summary,
     )
+
+
+def planned(cfg: Config) -> tuple[Instance, Result]:
+    """The ``[network]`` section's planning instance and its planner's scored result (the report draws it again)."""
+    net = cfg.network
+    graph = _renamed(lambda: parse_topology_spec(net.topology, net.link_gbps))
+    low, high = (net.capacity_gbps * 2)[:2]
+    inst = _renamed(lambda: build_instance(
+        graph,
+        workers=list(net.worker_hosts) or cfg.cluster.workers,
+        ps=net.ps_host,
+        programmable=net.programmable,
+        capacity=(low, high),
+        ps_gbps=cfg.cluster.server_gbps,
+        worker_gbps=cfg.cluster.link_gbps,
+        seed=cfg.run.seed,
+        source="network.topology",
+    ))
+    # one level: the backends' software switches send their sums to the server, as a one-level plan says
+    result = solve(inst, net.algorithm, seed=cfg.run.seed, **({"two_level": False} if net.algorithm == "grid" else {}))
+    if result.evaluation is None or result.plan is None:
+        raise ConfigError(f"network: the {net.algorithm} planner ran out of time ({result.notes.get('time_limit')}); try network.algorithm = \"grid\"")
+    return inst, result
 
 
 def _renamed(build: Any) -> Any:

@@ -35,7 +35,7 @@ def write_report(out: Path) -> Path:
         _timeline_section(out, runs, label),
         _groups_section(runs),
         _sim_section(out, runs, label),
-        _routing_section(runs),
+        _routing_section(out, runs),
     ) if part]
     body = [_header(compare, rows, _config(out, rows), sections), *sections, _footer(compare, rows)]
     page = PAGE.format(title=html.escape(_title(compare)), css=CSS, body="\n".join(body))
@@ -90,12 +90,17 @@ def describe_setup(cfg: dict[str, Any], compare: dict[str, Any]) -> str:
     stragglers = cluster.get("stragglers", {})
     if stragglers.get("probability"):
         parts.append(f"transient stragglers ({stragglers['probability']:.0%} chance per iteration of a "
-                     f"{stragglers.get('slowdown', '?'):g}x slow spell)")
+                     f"{_g(stragglers.get('slowdown'))}x slow spell)")
     unit = "wall" if compare.get("backend") == "ray" else "virtual"
-    parts.append(f"budget {run.get('max_time_s', '?'):g} {unit} seconds")
+    parts.append(f"budget {_g(run.get('max_time_s'))} {unit} seconds")
     seeds = compare.get("seeds", 1)
     parts.append(f"{seeds} seeds (medians shown)" if seeds > 1 else f"seed {run.get('seed', 0)}")
     return "; ".join(parts) + f"; {compare.get('backend', 'sim')} backend."
+
+
+def _g(value: Any) -> str:
+    """A number in the shortest form, or '?' when a hand-edited config lacks it."""
+    return f"{value:g}" if isinstance(value, (int, float)) else "?"
 
 
 def _speeds_text(cluster: dict[str, Any]) -> str:
@@ -416,16 +421,34 @@ def _sim_section(out: Path, runs: list[RunData], label: str) -> str:
                     "floor (compression.similarity.min_numel) are always aggregated.")
 
 
-def _routing_section(runs: list[RunData]) -> str:
+def _routing_section(out: Path, runs: list[RunData]) -> str:
     parts = []
     for run in runs:
         routing = run.summary.get("routing")
         if isinstance(routing, dict):
-            parts.append(f"<h3>{html.escape(run.name)}</h3>{_routing_tables(routing)}")
+            picture = _routing_picture(out, run)
+            parts.append(f"<h3>{html.escape(run.name)}</h3>{_routing_tables(routing)}{picture}")
     if not parts:
         return ""
     return _section("routing", "Routing plan", "\n".join(parts),
-                    "The in-network aggregation plan each run used (from its summary.json).")
+                    "The in-network aggregation plan each run used (from its summary.json), and the plan drawn on "
+                    "its topology (planned again from the run's config.toml: the planners are deterministic).")
+
+
+def _routing_picture(out: Path, run: RunData) -> str:
+    """The run's plan on its topology, as `shoal route --plot` draws it; nothing if the run's config cannot be replanned."""
+    from shoal.config import ConfigError, load_config
+
+    try:
+        from shoal.network.plot import plan_figure
+        from shoal.network.training import planned
+
+        inst, result = planned(load_config(run.path / "config.toml"))
+    except (ConfigError, OSError, ValueError):
+        return ""
+    path = out / f"routing-{_slug(run.name)}.png"
+    plots.save_figure(plan_figure(inst, [result]), path)
+    return _img(path, f"the routing plan of {run.name} on its topology")
 
 
 def _routing_tables(routing: dict[str, Any]) -> str:

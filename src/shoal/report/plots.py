@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.colors import BoundaryNorm  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
@@ -60,7 +61,7 @@ def group_color(group: int) -> str:
     return GROUP_COLORS[group % len(GROUP_COLORS)]
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save_figure(fig: Figure, path: Path) -> Path:
     """The PNG the page embeds, and an SVG beside it (vector, for papers and slides)."""
     fig.savefig(path, dpi=DPI, facecolor="white")
     fig.savefig(path.with_suffix(".svg"), facecolor="white")
@@ -108,7 +109,7 @@ def plot_accuracy(curves: Sequence[Curve], target: float | None, path: Path, tim
     full.set_title("Test accuracy over time (dot: target reached)")
     full.legend(loc="lower right", fontsize=9)
     _zoom_near_target(zoom, curves, target)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_loss_and_bytes(loss: Sequence[Curve], by_bytes: Sequence[Curve], path: Path, time_label: str) -> Path:
@@ -134,7 +135,7 @@ def plot_loss_and_bytes(loss: Sequence[Curve], by_bytes: Sequence[Curve], path: 
     right.set_ylim(0, 1)
     right.set_title("Accuracy against data moved (left = cheaper)")
     (left if any(c.points for c in loss) else right).legend(loc="best", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def median_band(curves: Sequence[Sequence[tuple[float, float]]],
@@ -196,7 +197,7 @@ def plot_time_split(rows: Sequence[tuple[str, list[dict[str, Any]]]], path: Path
     handles = [Patch(color=COMPUTE, label="computing"), Patch(color=COMM, label="communicating"),
                Patch(color=WAIT, label="waiting")]
     fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _share(workers: list[dict[str, Any]], key: str) -> float:
@@ -220,9 +221,16 @@ class Timeline:
 
 def plot_timeline(tl: Timeline, path: Path, time_label: str) -> tuple[Path, float]:
     """Gantt chart of each worker's wait / pull / compute / push; returns the path and the compute share."""
+    fig, share = timeline_figure(tl, time_label)
+    return save_figure(fig, path), share
+
+
+def timeline_figure(tl: Timeline, time_label: str) -> tuple[Figure, float]:
+    """The figure plot_timeline saves, laid out, with the compute share of its window."""
     workers = pick_workers(tl.speeds, MAX_TIMELINE_WORKERS)
     row = {w: i for i, w in enumerate(workers)}
     fig = Figure(figsize=(12, 1.5 + 0.3 * len(workers)), layout="constrained")
+    FigureCanvasAgg(fig)  # measured label placement needs a renderer
     ax = fig.subplots()
     bars: dict[tuple[int, str, int], list[tuple[float, float]]] = {}
     for event in tl.iterations:
@@ -233,12 +241,13 @@ def plot_timeline(tl: Timeline, path: Path, time_label: str) -> tuple[Path, floa
     for (w, kind, g), spans in bars.items():
         _draw(ax, row[w], kind, group_color(g), spans)
     share = _compute_share(bars, tl.window, len(workers))
-    _decorate_timeline(ax, tl, workers, time_label, share, len(tl.speeds))
+    marks = _decorate_timeline(ax, tl, workers, time_label, share, len(tl.speeds))
     kinds = {kind for _, kind, _ in bars}
     fig.legend(handles=_timeline_legend(groups_seen, kinds), loc="outside lower center",
                ncol=min(len(groups_seen) + 2, 6),
                frameon=False, fontsize=9)
-    return _save(fig, path), share
+    _stack_marks(fig, ax, marks)
+    return fig, share
 
 
 def _draw(ax: Any, y: int, kind: str, color: str, spans: list[tuple[float, float]]) -> None:
@@ -258,23 +267,47 @@ def _compute_share(bars: dict[tuple[int, str, int], list[tuple[float, float]]], 
     return busy / (workers * (t1 - t0)) if t1 > t0 and workers else 0.0
 
 
-def _decorate_timeline(ax: Any, tl: Timeline, workers: list[int], time_label: str, share: float, total: int) -> None:
+def _decorate_timeline(ax: Any, tl: Timeline, workers: list[int], time_label: str, share: float, total: int) -> list[Any]:
     labels = [f"w{w} ({tl.speeds[w]:g}x)" if w < len(tl.speeds) else f"w{w}" for w in workers]
     ax.set_yticks(range(len(workers)), labels)
     ax.set_ylim(len(workers) - 0.5, -0.5)
     ax.set_xlim(*tl.window)
     shown = sorted(m for m in tl.marks if tl.window[0] <= m[0] <= tl.window[1])
     levels = _mark_levels([t for t, _ in shown], tl.window)
+    marks = []
     for (t, label), level in zip(shown, levels):
         ax.axvline(t, color="#000", ls=":", lw=1.2)
-        ax.annotate(label, (t, 1.0), xycoords=("data", "axes fraction"), xytext=(2, 2 + 11 * level),
-                    textcoords="offset points", fontsize=8, va="bottom", ha="left", annotation_clip=False)
+        marks.append(ax.annotate(label, (t, 1.0), xycoords=("data", "axes fraction"), xytext=(2, 2 + MARK_LINE * level),
+                                 textcoords="offset points", fontsize=8, va="bottom", ha="left", annotation_clip=False))
     ax.set_xlabel(time_label)
     ax.set_ylabel("worker (slowdown)")
     subset = f", {len(workers)} of {total} workers shown" if len(workers) < total else ""
     ax.set_title(f"{tl.name}: workers computed {share:.0%} of the time in this window{subset}", loc="left",
-                 pad=16 + 11 * max(levels, default=0))
+                 pad=16 + MARK_LINE * max(levels, default=0))
     ax.grid(axis="x", alpha=0.3)
+    return marks
+
+
+MARK_LINE = 11  # points between stacked mark labels
+
+
+def _stack_marks(fig: Figure, ax: Any, marks: list[Any]) -> None:
+    """After layout, put each mark's label on the lowest line where it overlaps no label before it; the title clears them."""
+    if not marks:
+        return
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    placed: list[Any] = []
+    top = 0
+    for text in marks:
+        for level in range(len(marks)):
+            text.xyann = (2, 2 + MARK_LINE * level)
+            box = text.get_window_extent(renderer).expanded(1.02, 1.0)
+            if not any(box.overlaps(other) for other in placed):
+                break
+        placed.append(box)
+        top = max(top, level)
+    ax.set_title(ax.get_title(loc="left"), loc="left", pad=16 + MARK_LINE * top)
 
 
 def _mark_levels(times: list[float], window: tuple[float, float], gap: float = 0.09) -> list[int]:
@@ -348,7 +381,7 @@ def plot_sim_heatmap(events: Sequence[Mapping[str, Any]], path: Path, *, title: 
     bar.set_label("aggregation period τ (iterations)")
     if title:
         fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _tensor_names(events: Sequence[Mapping[str, Any]]) -> list[str]:
