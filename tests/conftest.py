@@ -61,3 +61,11 @@ def run_route(app, *args: str):
     from typer.testing import CliRunner
 
     return CliRunner().invoke(app, ["route", *args])
+
+
+def default_sigint() -> None:
+    """preexec_fn for a child that must see Ctrl-C: a shell's background job inherits SIGINT ignored, and
+    Python then never raises KeyboardInterrupt; give the child the default disposition back."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, ROOT
+from conftest import FAST, ROOT, default_sigint
 
 SHOAL = [str(Path(sys.executable).with_name("shoal"))]
 
@@ -158,7 +158,7 @@ def test_ctrl_c_on_sim_writes_the_summary_and_the_end_event(tmp_path):
 
     out = tmp_path / "r"
     cmd = SHOAL + ["train", "--out", str(out), "-q", *_sets("run.max_time_s=100000", "run.target_accuracy=0.9999")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # metrics.jsonl is flushed per event: wait for some training

@@ -40,7 +40,7 @@ from shoal.network import dataplane  # noqa: E402
 from shoal.runner import train  # noqa: E402
 from shoal.sync import make_policy  # noqa: E402
 
-from conftest import FAST, ROOT, read_jsonl  # noqa: E402
+from conftest import FAST, ROOT, default_sigint, read_jsonl  # noqa: E402
 
 RAY = ["backend.name=ray", "backend.cpus_per_worker=0.25", "backend.cpus_per_server=0.25",
        "backend.checkpoint_every_s=0", "run.max_time_s=20"]
@@ -602,7 +602,8 @@ def test_ctrl_c_writes_summary_and_leaves_no_process(tmp_path):
     out = tmp_path / "r"
     cmd = [str(Path(sys.executable).parent / "shoal"), "train", "--backend", "ray", "--out", str(out), "-q",
            *[f"--set={o}" for o in FAST + RAY[1:] + ["run.max_time_s=120", "run.target_accuracy=0.999"]]]
-    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_sigint)
     tree: set[int] = set()
     deadline = time.monotonic() + 120
     try:
