@@ -122,7 +122,7 @@ def milp_instance(seed: int):
 
 def run_milp_check(seed: int) -> dict:
     """grid against the exact link-aware optimum (MILP by binary search, HiGHS)."""
-    from shoal.network.algorithms.grid import optimum_milp
+    from shoal.network.algorithms.grid_milp import optimum_milp
 
     inst = milp_instance(seed)
     res = solve(inst, "grid", seed, two_level=False)  # the MILP's model: one level of aggregation

@@ -296,9 +296,9 @@ def test_the_timeline_legend_shows_only_what_is_drawn():
 
 
 def test_the_routing_section_is_tables_not_a_dump():
-    from shoal.report.html import _routing_tables
+    from shoal.report.routing import routing_tables
 
-    page = _routing_tables({"algorithm": "grid", "rate_gbps": 12.5, "worker_nodes": ["e0.0", "e0.0", "server"],
+    page = routing_tables({"algorithm": "grid", "rate_gbps": 12.5, "worker_nodes": ["e0.0", "e0.0", "server"],
                             "dataplane": {"switches": {"e0.0": {"completed": 7, "fallbacks_full": 1}}}})
     assert "<td class=\"left\">e0.0</td><td>2</td><td class=\"left\">0, 1</td>" in page  # who is summed where
     assert "<td class=\"left\">server</td><td>1</td><td class=\"left\">2</td>" in page
