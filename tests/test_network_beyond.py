@@ -143,6 +143,11 @@ def test_cli_jobs_and_failures(app, tmp_path: Path) -> None:
     out = json.loads(res.stdout)
     assert out["joint"]["feasible"] and set(out["joint"]["jobs"]) == {"a", "b"}
     assert all(n <= 2048 for n in out["joint"]["switch_slots_used"].values())
+    assert out["joint"]["switch_slots_used"]  # with the file's 2048 units the jobs aggregate in the network
+    tight = json.loads(run_route(app, "--topology", "fattree:k=4", "--programmable", "all", "--jobs", str(jobs), "--switch-slots", "512",
+                                 "--json").stdout)  # the command line wins over the file: 512 units hold no job's 1024
+    assert tight["joint"]["feasible"] and tight["joint"]["switch_slots_used"] == {}
+    assert all(job["aggregation_switches"] == {} for job in tight["joint"]["jobs"].values())
     res = run_route(app, "--topology", "fattree:k=4", "--workers", "8", "--programmable", "all", "--fail", "e0.0-a0.0", "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)

@@ -75,9 +75,8 @@ def route(
         net = prepare_network(graph, programmable=programmable or ("file" if from_file else "tor"),
                               capacity=parse_range(cap_spec, "--capacity") if cap_spec is not None else None, seed=seed,
                               source=topology if from_file else "--topology")
-        if switch_slots is not None:
-            nx_set_slots(net, switch_slots)
-        run_jobs(net, load_jobs(jobs, net, seed=seed, ps_gbps=ps_gbps, worker_gbps=worker_gbps), seed, time_limit, as_json)
+        placed = load_jobs(jobs, net, seed=seed, ps_gbps=ps_gbps, worker_gbps=worker_gbps, switch_slots=switch_slots)
+        run_jobs(net, placed, seed, time_limit, as_json)
         return
     inst = build_instance(
         graph,
@@ -137,14 +136,6 @@ def _check_modes(ps_count: int, servers: list[str] | None, jobs: Path | None, sw
         raise ConfigError("--jobs: the jobs file places every job's PS and workers; drop --workers and --ps")
     if modes and (plot is not None or save is not None):
         raise ConfigError(f"{modes[0]}: --plot and --save draw or save one job's single plan; drop them")
-
-
-def nx_set_slots(graph: object, slots: int) -> None:
-    """Every switch gets ``slots`` aggregator units (``--switch-slots``)."""
-    from shoal.network.topology import switches
-
-    for s in switches(graph):  # type: ignore[arg-type]
-        graph.nodes[s]["slots"] = slots  # type: ignore[attr-defined]
 
 
 def _parse_algos(spec: str) -> list[str]:

@@ -15,7 +15,8 @@ list of hosts, or a count drawn by seed among the hosts no job names);
 ``slots``, the aggregator memory units the job holds on each switch it
 aggregates at (default 1024); ``ps_gbps`` and ``worker_gbps`` (default the
 command's B and T). ``switch_slots`` gives every switch that many units
-(default: the topology's, else 40,000). A host belongs to one job only.
+(``--switch-slots`` wins over it; default: the topology's, else 40,000). A
+host belongs to one job only.
 """
 
 from __future__ import annotations
@@ -53,8 +54,13 @@ class JobsSpec(_Strict):
     jobs: list[JobSpec] = Field(min_length=1)
 
 
-def load_jobs(path: str | Path, graph: nx.Graph, *, seed: int, ps_gbps: float, worker_gbps: float) -> list[Job]:
-    """Read the jobs file and place every job on ``graph`` (its ``slots`` attributes set); bad input is one ConfigError line."""
+def load_jobs(path: str | Path, graph: nx.Graph, *, seed: int, ps_gbps: float, worker_gbps: float,
+              switch_slots: int | None = None) -> list[Job]:
+    """Read the jobs file and place every job on ``graph``; bad input is one ConfigError line.
+
+    Every switch's ``slots`` attribute is set to ``switch_slots`` (the command
+    line's), else to the file's ``switch_slots``, else left as the topology has it.
+    """
     src = str(path)
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -72,9 +78,10 @@ def load_jobs(path: str | Path, graph: nx.Graph, *, seed: int, ps_gbps: float, w
         spec = JobsSpec.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_pydantic_line(err, f"--jobs: {src}")) from None
-    if spec.switch_slots is not None:
+    slots = switch_slots if switch_slots is not None else spec.switch_slots
+    if slots is not None:
         for s in switches(graph):
-            graph.nodes[s]["slots"] = spec.switch_slots
+            graph.nodes[s]["slots"] = slots
     return _place(spec, graph, seed, ps_gbps, worker_gbps, src)
 
 
