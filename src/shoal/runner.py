@@ -124,8 +124,7 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
                 for name in ("config.toml", "metrics.jsonl"):
                     (out / name).unlink(missing_ok=True)
                 if scalars is not None:
-                    scalars.close()
-                    shutil.rmtree(out / "tensorboard", ignore_errors=True)
+                    shutil.rmtree(out / "tensorboard", ignore_errors=True)  # the writer is closed below
                 remove_dirs(created)
             raise
         finally:

@@ -186,11 +186,18 @@ def _fmt(x: float | None, digits: int = 2) -> str:
     return "inf" if math.isinf(x) else f"{x:.{digits}f}"
 
 
+def table_console() -> Console:
+    """The terminal, or a 200-column console when output is piped or logged (one line per row, whatever the width)."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 200))
+
+
 WIDE_TABLE_COLUMNS = 135  # below this many terminal columns the table is printed with algorithms as columns
 
 
 def _print_table(inst: Instance, results: Sequence[Result], console: Console | None = None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     d = inst.describe()
@@ -200,10 +207,7 @@ def _print_table(inst: Instance, results: Sequence[Result], console: Console | N
     columns = ("min rate Gbps", "bound", "claimed", "PS streams", "agg switches", "max switch util", "max link util",
                "violations", "bottleneck", "solve s")
     rows = {r.algo: _cells(r) for r in results}
-    if console is None:
-        console = Console()
-        if not console.is_terminal:  # piped or logged: one line per algorithm, whatever the width
-            console = Console(width=max(console.width, 200))
+    console = console or table_console()
     table = Table(title=title)
     if console.width >= WIDE_TABLE_COLUMNS:  # one row per algorithm
         table.add_column("algorithm", no_wrap=True)

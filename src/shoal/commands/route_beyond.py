@@ -9,31 +9,23 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.table import Table
+
+from shoal.commands.route import _fmt, table_console
+from shoal.network.algorithms import _clean
 
 if TYPE_CHECKING:
     import networkx as nx
 
     from shoal.network import Instance
-    from shoal.network.joint import Job, ShardedResult
-
-
-def _fmt(x: float | None, digits: int = 2) -> str:
-    from shoal.commands.route import _fmt as fmt
-
-    return fmt(x, digits)
+    from shoal.network.joint import Job
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], footer: str = "") -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 200))
+    console = table_console()
     table = Table(title=title)
     for i, col in enumerate(columns):
         table.add_column(col, justify="left" if i == 0 else "right", overflow="fold")
@@ -47,34 +39,14 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], fo
 # --------------------------------------------------------------------------- several PSs
 
 
-def sharded_by(inst: Instance, servers: list[str], algo: str, seed: int, time_limit: float) -> ShardedResult | None:
-    """A baseline (or any planner) per shard, each on its own as if alone, then scored together (None: time limit)."""
-    from shoal.network import solve
-    from shoal.network.joint import Part, ShardedResult, evaluate_joint, shard_instances
-    from shoal.network.routing import Routes
-
-    start = time.perf_counter()
-    routes = Routes(inst.graph)
-    parts = []
-    for shard in shard_instances(inst, servers):
-        res = solve(shard, algo, seed, routes, time_limit)
-        if res.plan is None:
-            return None
-        parts.append(Part(shard, res.plan, 1.0))
-    scale = evaluate_joint(inst.graph, parts, routes).scale  # the common shard rate the network honestly allows
-    parts = [replace(p, rate_gbps=scale) for p in parts]
-    ev = evaluate_joint(inst.graph, parts, routes)
-    return ShardedResult(tuple(parts), scale, ev, float("nan"), time.perf_counter() - start, {"planned": "each shard on its own"})
-
-
 def run_sharded(inst: Instance, servers: list[str], algos: list[str], seed: int, time_limit: float, as_json: bool) -> None:
     from shoal.network import solve
     from shoal.network.algorithms.budget import Deadline
-    from shoal.network.joint import plan_sharded
+    from shoal.network.joint import plan_sharded, plan_sharded_by
 
     results: dict[str, Any] = {}
     for algo in algos:
-        res = plan_sharded(inst, servers, deadline=Deadline(time_limit)) if algo == "grid" else sharded_by(inst, servers, algo, seed, time_limit)
+        res = plan_sharded(inst, servers, deadline=Deadline(time_limit)) if algo == "grid" else plan_sharded_by(inst, servers, algo, seed, time_limit)
         results[algo] = res
     one_ps = solve(inst, "grid", seed, time_limit_s=time_limit) if "grid" in algos else None
     if as_json:
@@ -176,9 +148,3 @@ def run_failure(inst: Instance, specs: list[str], seed: int, time_limit: float, 
     _table(f"grid after {what} failed: {len(inst.workers)} workers", ["plan", "min rate Gbps", "re-planned workers", "solve s"], rows,
            f"The re-plan keeps every stream the failure did not cut ({repaired.notes.get('method')}); "
            f"{full_s / max(repaired.solve_s, 1e-9):.1f}x faster than solving again.")
-
-
-def _clean(obj: object) -> object:
-    from shoal.network.algorithms import _clean as clean
-
-    return clean(obj)

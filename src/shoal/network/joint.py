@@ -31,9 +31,9 @@ from dataclasses import dataclass, field, replace
 
 import networkx as nx
 
-from shoal.network.algorithms.budget import NO_LIMIT, Deadline, TimeLimit
+from shoal.network.algorithms.budget import NO_LIMIT, Deadline
 from shoal.network.algorithms.exact import optimum
-from shoal.network.algorithms.grid import FlowNet, _lift, _rooted, rate_candidates, try_rate
+from shoal.network.algorithms.grid import FlowNet, highest_fit, lift_rooted, rate_candidates, rooted_model, try_rate
 from shoal.network.evaluator import TOL, Plan, Violation, complete_paths, evaluate
 from shoal.network.instance import Instance
 from shoal.network.routing import Routes
@@ -58,6 +58,7 @@ class JointEvaluation:
     violations: tuple[Violation, ...]
     switch_load_gbps: dict[str, float] = field(default_factory=dict)
     switch_slots: dict[str, int] = field(default_factory=dict)
+    link_load_gbps: dict[tuple[str, str], float] = field(default_factory=dict)  # per directed link
 
     @property
     def feasible(self) -> bool:
@@ -98,7 +99,7 @@ def evaluate_joint(graph: nx.Graph, parts: Sequence[Part], routes: Routes | None
     scale, bottleneck = min(limits, default=(math.inf, "none"))
     if any(v.kind == "switch_slots" for v in violations):
         scale = min(scale, 0.0)  # memory does not scale with the rate: no rate makes it fit
-    return JointEvaluation(scale, bottleneck, violations, dict(switch), dict(slots_used))
+    return JointEvaluation(scale, bottleneck, violations, dict(switch), dict(slots_used), dict(link))
 
 
 def switch_slots(graph: nx.Graph, switch: str) -> int:
@@ -109,21 +110,17 @@ def switch_slots(graph: nx.Graph, switch: str) -> int:
 # --------------------------------------------------------------------------- planning on what the others leave
 
 
-def _residual_net(inst: Instance, fixed: Sequence[Part], routes: Routes, blocked: Collection[str] = ()) -> FlowNet:
-    """The flow net of ``inst`` with the capacity the ``fixed`` parts use taken out (links per direction, switches).
-
-    ``blocked`` switches (no aggregator memory left for this part) cannot aggregate.
-    """
+def residual_net(inst: Instance, taken: JointEvaluation, blocked: Collection[str] = ()) -> FlowNet:
+    """The flow net of ``inst`` with what other parts use (``taken``: their joint loads) taken out of
+    switch capacities and of each link, per direction. ``blocked`` switches cannot aggregate."""
     net = FlowNet(inst)
-    for part in fixed:
-        ev = evaluate(part.inst, complete_paths(part.plan, part.inst, routes), routes)
-        for s, k in ev.switch_inputs.items():
-            if s in net.capacity:
-                net.capacity[s] = max(0.0, net.capacity[s] - k * part.rate_gbps)
-        for (u, v), n in ev.link_streams.items():
-            arc = net.arc_index(u, v)
-            if arc is not None:
-                net.bw[arc] = max(0.0, net.bw[arc] - n * part.rate_gbps)
+    for s, load in taken.switch_load_gbps.items():
+        if s in net.capacity:
+            net.capacity[s] = max(0.0, net.capacity[s] - load)
+    for (u, v), load in taken.link_load_gbps.items():
+        arc = net.arc_index(u, v)
+        if arc is not None:
+            net.bw[arc] = max(0.0, net.bw[arc] - load)
     if blocked:
         net.prog = [s for s in net.prog if s not in set(blocked)]
     return net
@@ -131,28 +128,10 @@ def _residual_net(inst: Instance, fixed: Sequence[Part], routes: Routes, blocked
 
 def _fit(inst: Instance, fixed: Sequence[Part], rate: float, routes: Routes, slots: int, deadline: Deadline) -> Plan | None:
     """A plan for ``inst`` at ``rate`` in what the fixed parts leave (switches without ``slots`` free excluded), or None."""
-    taken: Counter[str] = Counter()
-    for part in fixed:
-        for s in {a for a in part.plan.assignment.values() if a != part.inst.ps} | set(part.plan.parents.values()) - {part.inst.ps}:
-            taken[s] += part.slots
-    blocked = {s for s in inst.programmable if slots and taken[s] + slots > switch_slots(inst.graph, s)}
     deadline.check()
-    return try_rate(_residual_net(inst, fixed, routes, blocked), rate, deadline=deadline)
-
-
-def _highest(inst: Instance, fixed: Sequence[Part], hi: float, routes: Routes, slots: int, deadline: Deadline) -> tuple[float, Plan | None]:
-    """Binary search: the highest candidate rate <= hi at which ``inst`` fits beside the fixed parts."""
-    cand = rate_candidates(inst, 0.0, hi)
-    best: tuple[float, Plan | None] = (0.0, None)
-    left, right = 0, len(cand) - 1
-    while left <= right:
-        mid = (left + right) // 2
-        plan = _fit(inst, fixed, float(cand[mid]), routes, slots, deadline)
-        if plan is not None:
-            best, left = (float(cand[mid]), plan), mid + 1
-        else:
-            right = mid - 1
-    return best
+    taken = evaluate_joint(inst.graph, fixed, routes)
+    blocked = {s for s in inst.programmable if slots and taken.switch_slots.get(s, 0) + slots > switch_slots(inst.graph, s)}
+    return try_rate(residual_net(inst, taken, blocked), rate, deadline=deadline)
 
 
 # --------------------------------------------------------------------------- several PSs, one sharded model
@@ -205,21 +184,12 @@ def plan_sharded(inst: Instance, servers: Sequence[str], routes: Routes | None =
     start = deadline.start
     routes = routes or Routes(inst.graph)
     shards = shard_instances(inst, servers)
-    rooted = [_rooted(shard) for shard in shards]
+    rooted = [rooted_model(shard) for shard in shards]
     bound = sharded_bound(inst, servers)
     cand = rate_candidates(shards[0], 0.0, bound / len(servers))
-    best: list[Part] = [Part(s, Plan({w: s.ps for w in s.workers}), s.ps_gbps / len(s.workers)) for s in shards]  # every worker direct
-    left, right, timed_out = 0, len(cand) - 1, False
-    try:
-        while left <= right:
-            mid = (left + right) // 2
-            parts = _fit_all(shards, rooted, float(cand[mid]), routes, deadline)
-            if parts is not None:
-                best, left = parts, mid + 1
-            else:
-                right = mid - 1
-    except TimeLimit:
-        timed_out = True
+    found, timed_out = highest_fit(cand, lambda rate: _fit_all(shards, rooted, rate, routes, deadline))
+    direct = [Part(s, Plan({w: s.ps for w in s.workers}), s.ps_gbps / len(s.workers)) for s in shards]  # every worker direct
+    best = found[1] if found is not None else direct
     rate = min(p.rate_gbps for p in best)
     best = [replace(p, rate_gbps=rate) for p in best]
     ev = evaluate_joint(inst.graph, best, routes)
@@ -246,24 +216,34 @@ def _fit_rooted(inst: Instance, rooted: tuple[Instance, str], fixed: Sequence[Pa
                 deadline: Deadline) -> Plan | None:
     """A two-level plan at ``rate`` through the PS's rack switch, in what the fixed parts leave of it and of its link to the PS."""
     sub, root = rooted
-    joint = evaluate_joint(inst.graph, list(fixed), routes) if fixed else None
-    left = inst.capacity(root) - (joint.switch_load_gbps.get(root, 0.0) if joint else 0.0)
-    link = float(inst.graph.edges[root, inst.ps]["bandwidth_gbps"]) - _arc_load(fixed, root, inst.ps, routes)
+    deadline.check()
+    taken = evaluate_joint(inst.graph, fixed, routes)
+    left = inst.capacity(root) - taken.switch_load_gbps.get(root, 0.0)
+    link = float(inst.graph.edges[root, inst.ps]["bandwidth_gbps"]) - taken.link_load_gbps.get((root, inst.ps), 0.0)
     if rate > min(sub.worker_gbps, link) * (1 + TOL) or left < rate:
         return None
     model = Instance(sub.graph, root, sub.workers, left, sub.worker_gbps, sub.programmable)
-    deadline.check()
-    plan = try_rate(_residual_net(model, fixed, routes), rate, deadline=deadline)
-    return _lift(plan, inst, root) if plan is not None else None
+    plan = try_rate(residual_net(model, taken), rate, deadline=deadline)
+    return lift_rooted(plan, inst, root) if plan is not None else None
 
 
-def _arc_load(parts: Sequence[Part], u: str, v: str, routes: Routes) -> float:
-    """Gbps the parts send over the directed link u -> v."""
-    load = 0.0
-    for part in parts:
-        ev = evaluate(part.inst, complete_paths(part.plan, part.inst, routes), routes)
-        load += ev.link_streams.get((u, v), 0) * part.rate_gbps
-    return load
+def plan_sharded_by(inst: Instance, servers: Sequence[str], algo: str, seed: int = 0, time_limit_s: float = 60.0) -> ShardedResult | None:
+    """Any planner per shard, each on its own as if alone, then scored together at the common shard rate
+    the network honestly allows (None: the planner ran out of time on a shard)."""
+    from shoal.network.algorithms import solve
+
+    start = time.perf_counter()
+    routes = Routes(inst.graph)
+    parts = []
+    for shard in shard_instances(inst, servers):
+        res = solve(shard, algo, seed, routes, time_limit_s)
+        if res.plan is None:
+            return None
+        parts.append(Part(shard, res.plan, 1.0))
+    scale = evaluate_joint(inst.graph, parts, routes).scale
+    parts = [replace(p, rate_gbps=scale) for p in parts]
+    return ShardedResult(tuple(parts), scale, evaluate_joint(inst.graph, parts, routes), math.nan, time.perf_counter() - start,
+                         {"planned": "each shard on its own"})
 
 
 # --------------------------------------------------------------------------- several jobs
@@ -303,27 +283,20 @@ def plan_jobs(graph: nx.Graph, jobs: Sequence[Job], routes: Routes | None = None
     routes = routes or Routes(graph)
     hi = max(j.inst.worker_gbps for j in jobs)
     cand = sorted(set().union(*(set(rate_candidates(j.inst, 0.0, hi).tolist()) for j in jobs)))
-    fallback = [Part(j.inst, Plan({w: j.inst.ps for w in j.inst.workers}), 0.0, j.slots) for j in jobs]
-    level, best = 0.0, fallback
-    left, right, timed_out = 0, len(cand) - 1, False
-    try:
-        while left <= right:
-            mid = (left + right) // 2
-            parts = _jobs_at(jobs, float(cand[mid]), routes, deadline)
-            if parts is not None:
-                level, best, left = float(cand[mid]), parts, mid + 1
-            else:
-                right = mid - 1
-        if level == 0.0:
-            best = _direct_level(graph, jobs, routes)
-            level = min(p.rate_gbps for p in best)
-        for i, job in enumerate(jobs):  # progressive filling: raise each job beside the others' plans
-            others = best[:i] + best[i + 1:]
-            rate, plan = _highest(job.inst, others, job.inst.worker_gbps, routes, job.slots, deadline)
-            if plan is not None and rate > best[i].rate_gbps:
-                best = best[:i] + [Part(job.inst, plan, rate, job.slots)] + best[i + 1:]
-    except TimeLimit:
-        timed_out = True
+    found, timed_out = highest_fit(cand, lambda rate: _jobs_at(jobs, rate, routes, deadline))
+    if found is not None:
+        level, best = found
+    else:
+        best = _direct_level(graph, jobs, routes)
+        level = min(p.rate_gbps for p in best)
+    for i, job in enumerate(jobs):  # progressive filling: raise each job beside the others' plans
+        if timed_out:
+            break
+        others = best[:i] + best[i + 1:]
+        raised, timed_out = highest_fit(rate_candidates(job.inst, 0.0, job.inst.worker_gbps),
+                                        lambda rate, job=job, others=others: _fit(job.inst, others, rate, routes, job.slots, deadline))
+        if raised is not None and raised[0] > best[i].rate_gbps:
+            best = best[:i] + [Part(job.inst, raised[1], raised[0], job.slots)] + best[i + 1:]
     ev = evaluate_joint(graph, best, routes)
     notes: dict[str, object] = {"fairness": "max-min: a common rate for all, then each job raised in turn"}
     if timed_out:

@@ -25,10 +25,10 @@ import networkx as nx
 
 from shoal.config import ConfigError
 from shoal.network.algorithms.budget import NO_LIMIT, Deadline
-from shoal.network.algorithms.grid import FlowNet, _lift, _rooted, plan_grid, rate_candidates, try_rate
+from shoal.network.algorithms.grid import FlowNet, highest_fit, lift_rooted, plan_grid, rate_candidates, rooted_model, try_rate
 from shoal.network.evaluator import Evaluation, Plan, complete_paths, evaluate
 from shoal.network.instance import Instance
-from shoal.network.joint import Part, _residual_net
+from shoal.network.joint import Part, evaluate_joint, residual_net
 from shoal.network.routing import Routes
 
 
@@ -97,12 +97,12 @@ def replan(before: Instance, plan: Plan, failure: Failure, deadline: Deadline = 
     old_rate = plan.claimed_rate_gbps if plan.claimed_rate_gbps is not None else evaluate(before, plan).min_rate_gbps  # grid claims its certified rate
     if plan.parents:
         root = next(iter(plan.parents.values()))
-        rooted = _rooted(after)
+        rooted = rooted_model(after)
         if rooted is None or rooted[1] != root:  # the second level itself is gone
             return _full(after, routes, start, deadline, "the PS's rack switch or its link to the PS failed")
         model, inner = rooted[0], _unlift(plan, root)
         repaired, affected, rate_note = _repair(model, inner, old_rate, failure, Routes(model.graph), deadline)
-        merged = _lift(repaired, after, root)
+        merged = lift_rooted(repaired, after, root)
     else:
         merged, affected, rate_note = _repair(after, plan, old_rate, failure, routes, deadline)
     ev = evaluate(after, merged, routes)
@@ -133,20 +133,13 @@ def _repair(inst: Instance, plan: Plan, old_rate: float, failure: Failure, route
     keep = {w: a for w, a in plan.assignment.items() if w not in set(affected)}
     kept = Plan(keep, {w: plan.worker_paths[w] for w in keep}, {s: plan.switch_paths[s] for s in set(keep.values()) - {inst.ps}})
     fixed_inst = inst.restricted(tuple(sorted(keep)))
-    best: tuple[float, Plan] | None = None
-    sub = _fit_affected(inst, fixed_inst, kept, affected, old_rate, routes, deadline) if old_rate > 0 else None
-    if sub is not None:  # the usual case: one flow search at the old rate
-        best = (old_rate, sub)
-    else:  # the highest lower rate where they fit (the kept streams shrink with it)
-        cand = rate_candidates(inst, 0.0, old_rate)
-        left, right = 0, len(cand) - 1
-        while left <= right:
-            mid = (left + right) // 2
-            sub = _fit_affected(inst, fixed_inst, kept, affected, float(cand[mid]), routes, deadline)
-            if sub is not None:
-                best, left = (float(cand[mid]), sub), mid + 1
-            else:
-                right = mid - 1
+    def fit(rate: float) -> Plan | None:
+        return _fit_affected(inst, fixed_inst, kept, affected, rate, routes, deadline)
+
+    sub = fit(old_rate) if old_rate > 0 else None
+    best: tuple[float, Plan] | None = (old_rate, sub) if sub is not None else None  # the usual case: one flow search
+    if best is None:  # the highest lower rate where they fit (the kept streams shrink with it)
+        best, _ = highest_fit(rate_candidates(inst, 0.0, old_rate), fit)
     if best is None:  # not even at the lowest rate: everyone affected goes to the PS
         sub = Plan({w: inst.ps for w in affected})
         best = (0.0, complete_paths(sub, inst.restricted(affected), routes))
@@ -167,7 +160,7 @@ def _fit_affected(inst: Instance, fixed_inst: Instance, kept: Plan, affected: tu
     deadline.check()
     direct = sum(1 for a in kept.assignment.values() if a == inst.ps)
     sub_inst = inst.restricted(affected, max(0.0, inst.ps_gbps - direct * rate))
-    net = _residual_net(sub_inst, [Part(fixed_inst, kept, rate)], routes) if kept.assignment else FlowNet(sub_inst)
+    net = residual_net(sub_inst, evaluate_joint(inst.graph, [Part(fixed_inst, kept, rate)], routes)) if kept.assignment else FlowNet(sub_inst)
     return try_rate(net, rate, deadline=deadline, streaming=set(kept.switch_paths))
 
 

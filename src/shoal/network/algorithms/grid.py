@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -46,6 +47,7 @@ from shoal.network.instance import Instance
 from shoal.network.routing import Routes
 
 SOURCE, SINK = 0, 1
+T = TypeVar("T")
 
 
 class FlowNet:
@@ -338,6 +340,27 @@ def rate_candidates(inst: Instance, lo: float, hi: float) -> np.ndarray:
     return cand[(cand > lo * (1 + 1e-12)) & (cand <= hi * (1 + 1e-12))]
 
 
+def highest_fit(cand: Sequence[float], fit: Callable[[float], T | None]) -> tuple[tuple[float, T] | None, bool]:
+    """((the highest candidate rate at which ``fit`` finds something, what it found), whether time ran out).
+
+    Binary search, so feasibility must be monotone in the rate; a TimeLimit
+    from ``fit`` ends the search with the best found so far.
+    """
+    best: tuple[float, T] | None = None
+    left, right = 0, len(cand) - 1
+    try:
+        while left <= right:
+            mid = (left + right) // 2
+            found = fit(float(cand[mid]))
+            if found is not None:
+                best, left = (float(cand[mid]), found), mid + 1
+            else:
+                right = mid - 1
+    except TimeLimit:
+        return best, True
+    return best, False
+
+
 def search(net: FlowNet, lo: float, hi: float, thorough: bool = False, deadline: Deadline = NO_LIMIT) -> tuple[Plan | None, bool]:
     """(The plan at the highest candidate rate in (lo, hi] that ``try_rate`` meets, whether time ran out).
 
@@ -442,7 +465,7 @@ def plan_grid(inst: Instance, routes: Routes, seed: int = 0, deadline: Deadline 
         if rate > best_rate:
             best_rate, method, best = rate, name, plan
     models = [_Model(inst, None, free_bound)]
-    rooted = _rooted(inst) if two_level else None
+    rooted = rooted_model(inst) if two_level else None
     if rooted is not None:
         sub, root = rooted
         models.append(_Model(sub, root, optimum(len(sub.workers), [sub.capacity(s) for s in sub.programmable], sub.ps_gbps, sub.worker_gbps)[0]))
@@ -456,7 +479,7 @@ def plan_grid(inst: Instance, routes: Routes, seed: int = 0, deadline: Deadline 
             if out_of_time:
                 stopped = "time limit" if deadline.expired() else f"thorough search stopped after its {budget.limit_s:.3g} s share"
             if found is not None:
-                plan = found if model.root is None else _lift(found, inst, model.root)
+                plan = found if model.root is None else lift_rooted(found, inst, model.root)
                 rate = evaluate(inst, plan, routes).min_rate_gbps
                 if rate > best_rate:
                     kind = "flow-search" + ("+local" if thorough else "")
@@ -479,7 +502,7 @@ class _Model:
         self.bound = upper_bound(self.net, free_bound) if inst.links_constrained else free_bound
 
 
-def _rooted(inst: Instance) -> tuple[Instance, str] | None:
+def rooted_model(inst: Instance) -> tuple[Instance, str] | None:
     """The two-level model, where the PS's top-of-rack switch sums every stream and sends one to the PS.
 
     It is the one-level model with that switch as the sink: its capacity
@@ -499,7 +522,7 @@ def _rooted(inst: Instance) -> tuple[Instance, str] | None:
     return Instance(sub_graph, root, inst.workers, ps_gbps=inst.capacity(root), worker_gbps=cap), root
 
 
-def _lift(plan: Plan, inst: Instance, root: str) -> Plan:
+def lift_rooted(plan: Plan, inst: Instance, root: str) -> Plan:
     """A plan of the rooted model as a two-level plan of the instance: every used switch sends to the root."""
     used = {a for a in plan.assignment.values() if a != root}
     switch_paths = {s: tuple(p) for s, p in plan.switch_paths.items() if s in used}
