@@ -271,6 +271,66 @@ def test_a_stopped_worker_is_evicted_within_the_timeout_and_bsp_goes_on(ray_sess
     assert {e["worker"] for e in after} == {0, 2, 3} and len(after) > 12  # the barrier no longer waits for it
 
 
+def _kill_server_when(group: int, ready) -> tuple[dict, callable]:
+    """A progress callback that kill -9s group ``group``'s server once ``ready(backend, info)``."""
+    killed: dict = {}
+
+    def kill(backend, info):
+        if not killed and ready(backend, info):
+            killed["pid"] = ray.get(backend.servers[group].ping.remote())
+            killed["t"] = info["t"]
+            os.kill(killed["pid"], signal.SIGKILL)
+
+    return killed, kill
+
+
+def test_a_killed_bsp_server_is_replaced_from_the_checkpoint_and_the_run_reaches_its_target(ray_session, tmp_path):
+    """kill -9 the only server under BSP: rebuilt from the newest saved state, the run goes on to its target."""
+    killed, kill = _kill_server_when(0, lambda b, info: info["iterations"] >= 40 and b.last_checkpoint)
+    signal.alarm(150)
+    try:
+        stream = io.StringIO()
+        cfg = ray_config("optimizer.lr=0.02", "run.target_accuracy=0.85", "run.max_time_s=40",
+                         "backend.checkpoint_every_s=0.3")
+        backend = RayBackend(build_setup(cfg), RunRecorder(stream=stream), lambda info: kill(backend, info),
+                             out=tmp_path)
+        summary = backend.run()
+    finally:
+        signal.alarm(0)
+    assert killed and summary["stop_reason"] == "target_reached", summary["failures"]
+    [failure] = summary["failures"]
+    assert failure["server"] == 0 and failure["recovered"] and "worker" not in failure
+    assert failure["recovered_from"].startswith(("checkpoint ckpt-", "the state evaluated at"))
+    assert failure["t"] >= killed["t"] and failure["cutoff"] <= failure["t"]
+    assert isinstance(failure["gradients_lost"], int) and failure["gradients_lost"] >= 0
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    replaced = next(e for e in events if e["event"] == "server_replaced")
+    after = {e["worker"] for e in events if e["event"] == "iteration" and e["t"] > replaced["t"]}
+    assert after == {0, 1, 2, 3}  # every worker followed the new server
+    assert not any(e["event"] == "worker_failed" for e in events)  # nobody blames a worker
+
+
+def test_a_killed_gssp_group_server_is_replaced_from_a_peer_replica(ray_session):
+    """kill -9 one of two GSSP group servers: its group goes on from the other group's replica."""
+    killed, kill = _kill_server_when(1, lambda b, info: b.gssp.grouped and info["iterations"] >= 60)
+    signal.alarm(150)
+    try:
+        stream = io.StringIO()
+        cfg = ray_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.target_accuracy=0.85",
+                         "run.stop_at_target=false", "run.max_time_s=10")
+        _, summary = run_backend(cfg, kill, stream)
+    finally:
+        signal.alarm(0)
+    assert killed and summary["stop_reason"] == "time_budget" and summary["time_to_target_s"], summary["failures"]
+    [failure] = summary["failures"]
+    assert failure["server"] == 1 and failure["recovered_from"] == "group 0's replica"
+    assert 0 <= failure["gradients_lost"] <= summary["iterations"]
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    replaced = next(e for e in events if e["event"] == "server_replaced")
+    assert {e["worker"] for e in events if e["event"] == "iteration" and e["t"] > replaced["t"]} == {0, 1, 2, 3}
+    assert summary["exchanges"] > 0
+
+
 @pytest.mark.slow
 def test_failed_worker_restarts_from_its_groups_replica(ray_session):
     injected: dict[str, bool] = {}

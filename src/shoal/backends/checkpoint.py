@@ -132,3 +132,8 @@ def latest(root: Path) -> tuple[Path, dict[str, Any]]:
     if state.get("format") != FORMAT:
         raise ConfigError(f"{run_file}: not a {FORMAT} checkpoint")
     return folder, state
+
+
+def saved_at(folder: Path) -> float:
+    """The run time (seconds) a committed checkpoint folder was taken at."""
+    return float(json.loads((folder / "run.json").read_text()).get("elapsed_s") or 0.0)

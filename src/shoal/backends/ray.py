@@ -28,7 +28,9 @@ import torch
 from shoal.backends.local_model import uses_local_models
 from shoal.backends.ray_evaluator import mean_state
 from shoal.backends.ray_membership import Membership
-from shoal.backends.ray_recovery import Recovery, first_line
+from shoal.backends.ray_recovery import Recovery
+from shoal.backends.ray_server_recovery import ServerRecovery
+from shoal.backends.ray_wire import first_line
 from shoal.backends.ray_start import ActorSetup
 from shoal.backends.ray_session import ActorPool, plugin_folders, ray_session, sigterm_as_interrupt, validate
 from shoal.compress import GDTopKSchedule
@@ -46,13 +48,14 @@ DRAIN_S = 0.2  # how often each actor's records are collected
 # -- the backend --------------------------------------------------------------------------
 
 
-class RayBackend(ActorSetup, Membership, Recovery):
+class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
     """Runs one configured training on Ray actors until a stopping rule fires (or Ctrl-C).
 
     This class is the driver loop, the records, evaluation and the summary;
     its roles live in mixins: ``ActorSetup`` (ray_start: creating the
     actors), ``Membership`` (ray_membership: GSSP's split and regroups),
-    ``Recovery`` (ray_recovery: failures, checkpoints, resume).
+    ``Recovery`` (ray_recovery: failures, checkpoints, resume), ``ServerRecovery``
+    (ray_server_recovery: a dead group server replaced while the run goes on).
     """
 
     def __init__(self, setup: RunSetup, recorder: RunRecorder, progress: ProgressFn | None = None,
@@ -100,6 +103,7 @@ class RayBackend(ActorSetup, Membership, Recovery):
         self.evaluator: Any = None
         self._eval_pending: tuple[float, Any] | None = None
         self._speed_changes = sorted(self.cfg.cluster.speed_changes, key=lambda c: c.at_s)
+        self._init_server_recovery()
 
     # -- time ------------------------------------------------------------------------
 
@@ -140,6 +144,7 @@ class RayBackend(ActorSetup, Membership, Recovery):
                 self._worker_ended(ref)
             self._evict_unresponsive()
             self._collect_started()
+            self._collect_replacements()
             if self.now() >= next_drain:
                 self._drain()
                 next_drain = self.now() + (TICK_S if self.cfg.run.max_iterations else DRAIN_S)
@@ -161,8 +166,9 @@ class RayBackend(ActorSetup, Membership, Recovery):
             if w not in self._drains:
                 self._drains[w] = self.workers[w].drain.remote(self._density(w))
                 self._drain_sent[w] = self.now()
+        down = self._servers_down()
         for i, server in enumerate(self.servers):
-            if i not in self._server_drains:
+            if i not in self._server_drains and i not in down:
                 self._server_drains[i] = server.drain.remote()
         refs = list(self._drains.values()) + list(self._server_drains.values())
         ready = set(ray.wait(refs, num_returns=len(refs), timeout=wait_s)[0]) if refs else set()
@@ -178,10 +184,16 @@ class RayBackend(ActorSetup, Membership, Recovery):
         for i, ref in list(self._server_drains.items()):
             if ref in ready:
                 del self._server_drains[i]
-                totals = ray.get(ref)
+                try:
+                    totals = ray.get(ref)
+                except ray.exceptions.ActorDiedError as err:
+                    self._server_failed(i, first_line(err))
+                    continue
                 for event in totals.pop("events"):
                     kind = event.pop("event")
                     event["t"] = round(event["t"], 6)
+                    if kind == "exchange":
+                        self._note_exchange(i, event["t"])
                     self.recorder.event(kind, **event)
                 self._server_totals[i] = totals
         self._after_records()
@@ -201,14 +213,15 @@ class RayBackend(ActorSetup, Membership, Recovery):
             compute_real_s=r["compute_real_s"],
         )
         self._recent.append((r["t"], stats.group))
+        self._note_applied(r["server"], r["t"])
         if diverged(r["loss"]) and self.stop_reason is None:
             self.stop_reason = "diverged"
         if self.gssp is not None and (transient := self.gssp.observe(w, r["compute_s"] + r["comm_s"])) is not None:
             self.servers[self.gssp.server_of[w]].set_transient.remote(w, transient)
 
     def _after_records(self) -> None:
-        """GSSP decisions on what was observed; lr decay."""
-        if self.gssp is not None:
+        """GSSP decisions on what was observed (none while a dead server is being replaced); lr decay."""
+        if self.gssp is not None and not self._servers_down():
             self._pad_profile_of_dead()
             if (groups := self.gssp.initial_split()) is not None:
                 self._split(groups)
@@ -235,7 +248,8 @@ class RayBackend(ActorSetup, Membership, Recovery):
         """References to what is evaluated: rank 0's replica (all-reduce), else every group server's."""
         if self.collective:  # every rank holds the same replica
             return [self.workers[0].state.remote()]
-        return [s.state.remote() for s in self.servers]
+        down = self._servers_down()  # while a dead server is being replaced, the others are evaluated
+        return [s.state.remote() for g, s in enumerate(self.servers) if g not in down]
 
     def model_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         """What is evaluated: the replica, or the mean of the group replicas (GSSP)."""
@@ -248,7 +262,12 @@ class RayBackend(ActorSetup, Membership, Recovery):
         if self._eval_pending is not None:
             return
         t = self.now()
-        self._eval_pending = (t, self.evaluator.evaluate.remote(*self._state_refs()))
+        refs = self._state_refs()
+        if not refs:  # the only server is being replaced
+            return
+        self._eval_pending = (t, self.evaluator.evaluate.remote(*refs))
+        if not self.collective and not self._servers_down():
+            self._eval_states = (t, refs)  # kept: a dead server can be rebuilt from its last evaluated state
         self._record_densities(t)
 
     def _collect_evaluation(self, wait_s: float = 0.0) -> None:
@@ -260,7 +279,12 @@ class RayBackend(ActorSetup, Membership, Recovery):
         t, ref = self._eval_pending
         if ray.wait([ref], timeout=wait_s)[0]:
             self._eval_pending = None
-            self._record_evaluation(t, ray.get(ref))
+            try:
+                evaluation = ray.get(ref)
+            except ray.exceptions.RayActorError:  # a server died before handing out its state: skip this one
+                self.recorder.event("eval_skipped", t=round(t, 6), reason="a group server died")
+                return
+            self._record_evaluation(t, evaluation)
 
     def _evaluate(self, at: float | None = None) -> None:
         """Evaluate now, on the driver (the final state: the driver's engine keeps it as the run's model)."""
@@ -356,7 +380,8 @@ class RayBackend(ActorSetup, Membership, Recovery):
     def _stop_actors(self) -> None:
         import ray
 
-        ray.get([s.stop.remote() for s in self.servers], timeout=30)
+        stops = [s.stop.remote() for s in self.servers]
+        ray.wait(stops, num_returns=len(stops), timeout=30)  # a dead server does not keep the workers going
         for w in self.alive:
             self.workers[w].stop.remote()
         done, _ = ray.wait(list(self._run_refs), num_returns=len(self._run_refs), timeout=10)
@@ -364,8 +389,9 @@ class RayBackend(ActorSetup, Membership, Recovery):
             self._run_refs.pop(ref)
 
     def _final_evaluation(self) -> None:
-        """Always: servers may have applied updates between the last evaluation and the stop."""
-        self._evaluate(at=self.elapsed)
+        """Always (unless no replica is up): servers may have applied updates since the last evaluation."""
+        if self.collective or len(self._servers_down()) < len(self.servers):
+            self._evaluate(at=self.elapsed)
 
     def _kill_all(self) -> None:
         """End every actor of this run, or keep the healthy ones for the next run (ActorPool)."""
@@ -378,7 +404,9 @@ class RayBackend(ActorSetup, Membership, Recovery):
         if self.evaluator is not None:
             reusable.add(self.evaluator._actor_id)
         evaluator = [self.evaluator] if self.evaluator is not None else []
-        for handle in [*self.workers.values(), *self.servers, *self.spares, *self.switches.values(), *evaluator]:
+        starting = [server for server, *_ in self._replacements.values()]
+        for handle in [*self.workers.values(), *self.servers, *self.spares, *self.switches.values(), *evaluator,
+                       *starting]:
             if pooling and handle._actor_id in reusable:
                 ActorPool.give(self._keys[handle._actor_id], handle)
                 continue
@@ -389,6 +417,8 @@ class RayBackend(ActorSetup, Membership, Recovery):
 
     def _summary(self, wall_s: float) -> dict[str, Any]:
         totals = [self._server_totals.get(i, {}) for i in range(len(self.servers))]
+        every = totals + self._retired_totals  # the counters of servers that died count too
+        self._count_losses()
         elapsed = getattr(self, "elapsed", self.offset)
         return build_summary(
             recorder=self.recorder, scheme=self.cfg.sync.scheme, backend="ray", mode=self.cfg.backend.mode,
@@ -398,8 +428,8 @@ class RayBackend(ActorSetup, Membership, Recovery):
                 "compute_s": self.profile.compute_s,
                 "params": self.setup.engine.num_params,
                 "group_updates": [t.get("updates", 0) for t in totals],
-                "exchanges": sum(t.get("exchanges", 0) for t in totals),
-                "bytes_exchange": int(sum(t.get("bytes_exchange", 0) for t in totals)),
+                "exchanges": sum(t.get("exchanges", 0) for t in every),
+                "bytes_exchange": int(sum(t.get("bytes_exchange", 0) for t in every)),
                 "emulate": self.cfg.cluster.emulate,
                 "ray": self.where,
                 "failures": self.failures,

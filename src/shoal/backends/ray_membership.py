@@ -72,8 +72,11 @@ class Membership:
 
         self.epoch += 1
         live = [m for m in moves if m.worker in self.alive]
-        ray.get([self.servers[m.new].add_worker.remote(m.worker, self.epoch) for m in live])
-        ray.get([self.servers[m.old].remove_worker.remote(m.worker, self.epoch) for m in live])
+        try:
+            ray.get([self.servers[m.new].add_worker.remote(m.worker, self.epoch) for m in live])
+            ray.get([self.servers[m.old].remove_worker.remote(m.worker, self.epoch) for m in live])
+        except ray.exceptions.ActorDiedError:  # a server died: its replacement starts with the new membership
+            self._check_servers()
         for move in moves:
             self.stats[move.worker].group = move.new
         for move in live:

@@ -7,10 +7,12 @@ attributes, which ``RayBackend.__init__`` declares.
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import asdict
 from typing import Any
 
 from shoal.backends import checkpoint
+from shoal.backends.ray_wire import first_line
 from shoal.engine.metrics import WorkerStats
 
 
@@ -65,7 +67,10 @@ class Recovery:
         self.failures.append({"t": round(self.now(), 6), "worker": w, "error": error, "restarted": restart})
         self.recorder.event("worker_failed", t=self.now(), worker=w, error=error, restarted=restart)
         self.epoch += 1
-        ray.get(self.servers[self.server_of(w)].remove_worker.remote(w, self.epoch))
+        try:
+            ray.get(self.servers[self.server_of(w)].remove_worker.remote(w, self.epoch))
+        except ray.exceptions.ActorDiedError:  # its server died too: the replacement serves the others
+            self._check_servers()
         ray.kill(self.workers[w], no_restart=True)
         if not restart:
             self.dead.add(w)
@@ -104,7 +109,12 @@ class Recovery:
         root = self.out / "checkpoint"
         self.ckpt_seq += 1
         folder = checkpoint.new_folder(root, self.ckpt_seq)
-        ray.get([s.save.remote(str(folder)) for s in self.servers])
+        try:
+            ray.get([s.save.remote(str(folder)) for s in self.servers])
+        except ray.exceptions.ActorDiedError:  # a server died: no partial set is committed; it is replaced
+            shutil.rmtree(folder, ignore_errors=True)
+            self._check_servers()
+            return
         checkpoint.commit(root, folder, self._run_state())
         self.last_checkpoint = str(folder)
         self.recorder.event("checkpoint", t=round(self.now(), 6), path=str(folder))
@@ -153,12 +163,3 @@ class Recovery:
     def _final_checkpoint(self) -> None:
         if self._ckpt_period() < math.inf:
             self._checkpoint()
-
-
-def first_line(err: BaseException) -> str:
-    """The line of a Ray error that says what happened (its traceback dropped), at most 300 characters."""
-    text = str(err).strip()
-    for line in text.splitlines():
-        if "Error" in line or "error" in line or "died" in line:
-            return line.strip()[:300]
-    return (text.splitlines()[0] if text else type(err).__name__)[:300]

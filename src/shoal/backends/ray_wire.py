@@ -67,3 +67,12 @@ def actor_device(gpus: float) -> "torch.device":
         raise RuntimeError(f"backend.gpus_per_worker = {gpus:g}, but torch in this worker has no CUDA device "
                            f"(torch {torch.__version__}); use 0 or a CUDA build of torch")
     return torch.device("cuda")
+
+
+def first_line(err: BaseException) -> str:
+    """The line of a Ray error that says what happened (its traceback dropped), at most 300 characters."""
+    text = str(err).strip()
+    for line in text.splitlines():
+        if "Error" in line or "error" in line or "died" in line:
+            return line.strip()[:300]
+    return (text.splitlines()[0] if text else type(err).__name__)[:300]

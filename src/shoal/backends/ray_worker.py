@@ -82,6 +82,7 @@ class Worker:
         self._stopping = False
         self._fail_next = False
         self._records: list[dict[str, Any]] = []
+        self.server_losses = 0  # calls lost to a server that died (a replacement's route followed)
         self._push_estimate = 0.0
         self.push_link = self.link
         self.ina: WorkerSide | None = None
@@ -192,12 +193,20 @@ class Worker:
         Returns (route, reply, seconds lost on moved attempts, seconds of the answered call); None on
         STOP or when stopping.
         """
+        import ray
+
         moved_s = 0.0
         while not self._stopping:
             assert self.route is not None
             route = self.route
             start = time.perf_counter()
-            reply = await call(route)
+            try:
+                reply = await call(route)
+            except ray.exceptions.RayActorError:  # the server died: the driver replaces it and sends a new route
+                self.server_losses += 1
+                await self._await_route(route.epoch)
+                moved_s += time.perf_counter() - start
+                continue
             elapsed = time.perf_counter() - start
             if reply["status"] == STOP:
                 return None
@@ -270,11 +279,11 @@ class Worker:
                 return None
             comm += time.perf_counter() - start
             grad = None
-        moved_away = False  # staleness is only defined on the server it pulled from
+        moved_away = False  # staleness is only defined on the server (the process) it pulled from
 
         def push(target: Route) -> Any:
             nonlocal moved_away
-            moved_away = moved_away or target.server != route.server
+            moved_away = moved_away or target.handle._actor_id != route.handle._actor_id
             return target.handle.push.remote(self.w, None if moved_away else version, grad, delta, sim)
 
         answered = await self._routed(push)
