@@ -506,3 +506,36 @@ def test_batch_stream_rejects_empty_shard() -> None:
     shards = shard_indices(2, 3, seed=0)
     with pytest.raises(ValueError, match="empty shard"):
         BatchStream(_toy(2), shards[2], batch_size=1, seed=0, worker=2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(drawn=st.integers(0, 40), batch=st.integers(1, 9))
+def test_a_stream_seeked_to_a_saved_position_draws_what_the_saved_one_would(drawn: int, batch: int) -> None:
+    """Checkpoint/resume: a fresh stream seeked to position() continues batch for batch, across epochs."""
+    data, shard = _toy(), np.arange(5, 37)
+    saved = BatchStream(data, shard, batch_size=batch, seed=3, worker=2)
+    for _ in range(drawn):
+        saved.next()
+    resumed = BatchStream(data, shard, batch_size=batch, seed=3, worker=2)
+    resumed.seek(**saved.position())
+    assert resumed.position() == saved.position()
+    assert [_ids(resumed.next()) for _ in range(12)] == [_ids(saved.next()) for _ in range(12)]
+
+
+def test_seek_refuses_a_position_outside_the_shard() -> None:
+    stream = BatchStream(_toy(), np.arange(10), batch_size=2, seed=0, worker=0)
+    with pytest.raises(ValueError, match="no stream position"):
+        stream.seek(epoch=0, offset=11)
+
+
+def test_straggler_state_round_trip_repeats_the_spells() -> None:
+    from shoal.cluster import StragglerModel
+    from shoal.config import StragglerConfig
+
+    cfg = StragglerConfig(probability=0.3, slowdown=5.0, duration=3)
+    saved = StragglerModel(cfg, workers=2, seed=4)
+    for _ in range(17):
+        saved.factor(1)
+    restored = StragglerModel(cfg, workers=2, seed=4)
+    restored.restore(1, saved.state(1))
+    assert [restored.factor(1) for _ in range(50)] == [saved.factor(1) for _ in range(50)]

@@ -28,6 +28,7 @@ ray = pytest.importorskip("ray")
 
 from shoal.backends import checkpoint  # noqa: E402
 from shoal.backends.ray import DRAIN_S, RayBackend  # noqa: E402
+from shoal.backends.ray_recovery import position_digest  # noqa: E402
 from shoal.backends.ray_session import ActorPool, start_local_ray  # noqa: E402
 from shoal.backends.ray_server import GroupServer  # noqa: E402
 from shoal.backends.ray_wire import Link, actor_device, actor_threads  # noqa: E402
@@ -247,19 +248,22 @@ def test_killed_worker_is_dropped_and_training_goes_on(ray_session):
     assert len(after) > 12  # the three survivors kept doing BSP rounds without worker 1
 
 
-def test_a_stopped_worker_is_evicted_within_the_timeout_and_bsp_goes_on(ray_session):
-    """SIGSTOP a worker under BSP: nobody hears from it, so it is evicted after worker_timeout_s; no hang."""
+def test_a_stopped_worker_is_evicted_within_the_timeout_and_rejoins_when_it_answers_again(ray_session):
+    """SIGSTOP a worker under BSP: evicted after worker_timeout_s (no hang); SIGCONT: it rejoins and trains."""
     stopped: dict[str, float] = {}
 
     def stop(backend, info):
         if not stopped and info["iterations"] >= 20:
             os.kill(backend.pids[1], signal.SIGSTOP)
             stopped["t"] = info["t"]
+        if backend.failures and "cont" not in stopped and info["t"] > backend.failures[0]["t"] + 1.5:
+            os.kill(backend.pids[1], signal.SIGCONT)
+            stopped["cont"] = info["t"]
 
     signal.alarm(120)
     try:
         stream = io.StringIO()
-        _, summary = run_backend(ray_config("run.target_accuracy=0.99", "run.max_time_s=8",
+        _, summary = run_backend(ray_config("run.target_accuracy=0.99", "run.max_time_s=9",
                                             "backend.worker_timeout_s=2"), stop, stream)
     finally:
         signal.alarm(0)
@@ -267,8 +271,12 @@ def test_a_stopped_worker_is_evicted_within_the_timeout_and_bsp_goes_on(ray_sess
     failure = summary["failures"][0]
     assert "no answer for 2 s" in failure["error"] and failure["t"] - stopped["t"] < 2 + 5
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
-    after = [e for e in events if e["event"] == "iteration" and e["t"] > failure["t"] + 0.2]
-    assert {e["worker"] for e in after} == {0, 2, 3} and len(after) > 12  # the barrier no longer waits for it
+    rejoined = next(e for e in events if e["event"] == "worker_rejoined")
+    assert rejoined["worker"] == 1 and failure["rejoined_t"] == pytest.approx(rejoined["t"], abs=1e-6)
+    between = [e for e in events if e["event"] == "iteration" and failure["t"] + 0.2 < e["t"] < stopped["cont"]]
+    assert {e["worker"] for e in between} == {0, 2, 3} and len(between) > 12  # the barrier no longer waited
+    back = [e for e in events if e["event"] == "iteration" and e["worker"] == 1 and e["t"] > rejoined["t"]]
+    assert len(back) > 5 and summary["per_worker"][1]["iterations"] > 20  # back in the BSP rounds
 
 
 def _kill_server_when(group: int, ready) -> tuple[dict, callable]:
@@ -359,6 +367,8 @@ def test_checkpoint_stop_resume_reaches_target(ray_session, tmp_path):
     manifest = json.loads((folder / "group-0.json").read_text())
     assert manifest["format"] == checkpoint.FORMAT and (folder / "group-0.safetensors").is_file()
     assert state["iterations"] == first["iterations"]
+    positions = state["positions"]  # each worker's data stream and generators at the checkpoint
+    assert sorted(positions) == ["0", "1", "2", "3"] and all(p["epoch"] or p["offset"] for p in positions.values())
 
     resumed = train(ray_config(*slow, "run.max_time_s=30", "backend.checkpoint_every_s=0.2"), out, resume=out)
     assert resumed["stop_reason"] == "target_reached" and resumed["resumed_from"] == str(out)
@@ -369,6 +379,8 @@ def test_checkpoint_stop_resume_reaches_target(ray_session, tmp_path):
     before = [e for e in events[:at] if e["event"] == "eval"][-1]
     after = next(e for e in events[at:] if e["event"] == "eval")
     assert after["accuracy"] >= before["accuracy"]
+    restored = next(e for e in events[at:] if e["event"] == "data_positions")
+    assert restored["positions"] == {w: position_digest(p) for w, p in positions.items()}  # seeked exactly there
 
 
 def test_resume_refuses_a_folder_without_checkpoint(tmp_path):

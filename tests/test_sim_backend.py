@@ -178,3 +178,55 @@ def test_outputs_follow_the_contract(fast_config, tmp_path):
     assert set(summary["per_worker"][0]) >= {"id", "group", "iterations", "compute_s", "wait_s", "comm_s"}
     kinds = {e["event"] for e in read_jsonl(tmp_path / "r" / "metrics.jsonl")}
     assert {"start", "groups", "eval", "iteration", "end"} <= kinds
+
+
+JOIN_AND_LEAVE = "cluster.membership=[{at_s=1, add=2, speeds=[1, 4]}, {at_s=3, remove=[1]}]"
+
+
+@pytest.mark.parametrize("scheme", ["bsp", "asp"])
+def test_joiners_train_from_their_join_and_a_leaver_stops_at_its_leave(fast_config, tmp_path, scheme):
+    """BSP on 4 equal workers (10 ms): one joiner at 1x, one at 4x at t = 1 s, worker 1 leaves at t = 3 s."""
+    cfg = fast_config(f"sync.scheme={scheme}", "run.max_time_s=6", "run.stop_at_target=false", JOIN_AND_LEAVE)
+    summary = train(cfg, tmp_path / "r")
+    events = read_jsonl(tmp_path / "r" / "metrics.jsonl")
+    joined = [e for e in events if e["event"] == "worker_joined"]
+    assert [(e["worker"], e["t"], e["speed"]) for e in joined] == [(4, 1.0, 1.0), (5, 1.0, 4.0)]
+    assert [(e["worker"], e["t"]) for e in events if e["event"] == "worker_left"] == [(1, 3.0)]
+    first = {w: min(e["t"] for e in events if e["event"] == "iteration" and e["worker"] == w) for w in (4, 5)}
+    assert all(1.0 < t < 1.1 for t in first.values())  # they start at once, at the group's slowest clock
+    assert max(e["t"] for e in events if e["event"] == "iteration" and e["worker"] == 1) <= 3.0
+    per = {p["id"]: p for p in summary["per_worker"]}
+    assert len(per) == 6 and all(per[w]["iterations"] > 0 for w in (4, 5))
+    assert summary["groups"] == [[0, 2, 3, 4, 5]]
+    if scheme == "bsp":  # the 4x joiner sets the pace from t = 1 s: 100 rounds at 10 ms, then 125 at 40 ms
+        assert per[0]["iterations"] == pytest.approx(100 + 125, abs=3)
+        assert per[1]["iterations"] == pytest.approx(100 + 50, abs=3)
+    else:  # nobody waits: the 4x joiner does a quarter of a fast worker's iterations
+        assert per[5]["iterations"] == pytest.approx(per[4]["iterations"] / 4, rel=0.1)
+
+
+def test_gssp_places_joiners_in_groups_by_their_profiled_speed(fast_config, tmp_path):
+    cfg = fast_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.max_time_s=6",
+                      "run.stop_at_target=false", JOIN_AND_LEAVE)
+    summary = train(cfg, tmp_path / "r")
+    events = read_jsonl(tmp_path / "r" / "metrics.jsonl")
+    joined = {e["worker"]: e["group"] for e in events if e["event"] == "worker_joined"}
+    assert joined == {4: 1, 5: 1}  # unknown speed: the slowest group first
+    moves = [m for e in events if e["event"] == "groups" and e["reason"] == "regroup" for m in e["moves"]]
+    assert [4, 1, 0] in moves  # once profiled, the fast joiner moves to the fast group
+    assert summary["groups"] == [[0, 4], [2, 3, 5]]
+    assert all(p["iterations"] > 0 for p in summary["per_worker"])
+
+
+def test_churn_at_a_thousand_workers_in_cost_mode(tmp_path):
+    """The simulator models the same schedule at scale: 1,000 lognormal workers, 100 join, 100 leave."""
+    from shoal.config import load_config
+
+    leave = ",".join(str(w) for w in range(0, 1000, 10))
+    cfg = load_config(None, ["backend.mode=cost", "cluster.workers=1000", "cluster.profile=lognormal",
+                             "sync.scheme=gssp", "run.max_time_s=6", "backend.log_iterations=false",
+                             f"cluster.membership=[{{at_s=2, add=100}}, {{at_s=4, remove=[{leave}]}}]"])
+    summary = train(cfg, tmp_path / "r")
+    members = sorted(w for g in summary["groups"] for w in g)
+    assert members == sorted(set(range(1100)) - set(range(0, 1000, 10)))
+    assert all(p["iterations"] > 0 for p in summary["per_worker"])

@@ -13,7 +13,8 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator,
+                      model_validator)
 
 
 class ConfigError(ValueError):
@@ -158,6 +159,21 @@ class SpeedChange(Section):
     speed: float = Field(..., gt=0, description="The new slowdown factor.")
 
 
+class MembershipChange(Section):
+    at_s: float = Field(..., ge=0, description="When (virtual seconds on sim, wall seconds on ray).")
+    add: int = Field(0, ge=0, le=10_000, description="Workers that join now; they take the next ids (workers, workers + 1, ...).")
+    speeds: PositiveFloats | None = Field(None, description="Slowdown factor of each joining worker (default 1.0 each).")
+    remove: list[NonNegativeInt] = Field([], description="Ids of workers that leave now (gracefully: not a failure).")
+
+    @model_validator(mode="after")
+    def _one_change(self) -> "MembershipChange":
+        if not self.add and not self.remove:
+            raise ValueError("a membership change needs add > 0 or a remove list")
+        if self.speeds is not None and len(self.speeds) != self.add:
+            raise ValueError(f"speeds has {len(self.speeds)} entries but add = {self.add}")
+        return self
+
+
 class ClusterConfig(Section):
     workers: int = Field(8, ge=1, description="Number of workers.")
     speeds: PositiveFloats | None = Field(None, description="Slowdown factor per worker (1.0 = fastest); overrides profile.")
@@ -170,6 +186,7 @@ class ClusterConfig(Section):
     server_gbps: float = Field(10.0, gt=0, description="Server ingress (and egress) bandwidth, shared by concurrent transfers.")
     stragglers: StragglerConfig = StragglerConfig()
     speed_changes: list[SpeedChange] = Field([], description="Sustained speed changes during the run: [{worker, at_s, speed}].")
+    membership: list[MembershipChange] = Field([], description="Workers joining and leaving during the run: [{at_s, add, speeds}, {at_s, remove = [ids]}]; a joiner trains on a copy of the shard of worker (id mod workers).")
     emulate: bool = Field(True, description="ray: pad each iteration to the profile's compute time and each transfer to the link bandwidth (false: real speeds decide).")
 
     @model_validator(mode="after")
@@ -179,7 +196,30 @@ class ClusterConfig(Section):
         for change in self.speed_changes:
             if change.worker >= self.workers:
                 raise ValueError(f"speed_changes names worker {change.worker} but workers = {self.workers}")
+        present, next_id = set(range(self.workers)), self.workers
+        for change in self.schedule():
+            present |= set(range(next_id, next_id + change.add))
+            next_id += change.add
+            for w in change.remove:
+                if w not in present:
+                    raise ValueError(f"membership: worker {w} cannot leave at {change.at_s:g} s: it is not there then")
+                present.discard(w)
+            if not present:
+                raise ValueError(f"membership: no worker is left at {change.at_s:g} s")
         return self
+
+    def schedule(self) -> list[MembershipChange]:
+        """The membership changes in time order (joiners take ids in this order)."""
+        return sorted(self.membership, key=lambda c: c.at_s)
+
+    @property
+    def total_workers(self) -> int:
+        """Every worker that ever takes part: the initial ones plus every joiner."""
+        return self.workers + sum(c.add for c in self.membership)
+
+    def joiner_speeds(self) -> list[float]:
+        """The speed of each joining worker, in id order."""
+        return [speed for c in self.schedule() for speed in (c.speeds or [1.0] * c.add)]
 
 
 LOCAL_SCHEMES = ("localsgd", "diloco")
@@ -330,6 +370,10 @@ class Config(Section):
                 raise ValueError("network.aggregation: switches sum dense gradients; use compression.method = \"none\" without SIM")
             if self.network.worker_hosts and len(self.network.worker_hosts) != self.cluster.workers:
                 raise ValueError(f"network.worker_hosts: {len(self.network.worker_hosts)} hosts for {self.cluster.workers} workers")
+        if self.cluster.membership and (self.sync.intra_group == "allreduce" or self.network.aggregation == "ina"):
+            raise ValueError("cluster.membership: workers join and leave the server path; all-reduce groups and "
+                             "in-network aggregation plans are fixed at the start (use intra_group = \"server\", "
+                             "network.aggregation = \"none\")")
         return self
 
 
@@ -486,5 +530,5 @@ def toml_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items() if v is not None) + "}"
     raise TypeError(f"cannot write {value!r} as TOML")

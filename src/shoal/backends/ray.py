@@ -104,6 +104,8 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
         self._eval_pending: tuple[float, Any] | None = None
         self._speed_changes = sorted(self.cfg.cluster.speed_changes, key=lambda c: c.at_s)
         self._init_server_recovery()
+        self._evicted: dict[int, tuple[Any, list[Any]]] = {}  # kept unresponsive workers: (pending drain, run refs)
+        self.positions: dict[int, dict[str, Any]] = {}  # each worker's data stream and generators, as last saved
 
     # -- time ------------------------------------------------------------------------
 
@@ -144,6 +146,7 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
                 self._worker_ended(ref)
             self._evict_unresponsive()
             self._collect_started()
+            self._collect_rejoined()
             self._collect_replacements()
             if self.now() >= next_drain:
                 self._drain()

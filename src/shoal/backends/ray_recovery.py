@@ -6,6 +6,8 @@ attributes, which ``RayBackend.__init__`` declares.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import shutil
 from dataclasses import asdict
@@ -39,8 +41,9 @@ class Recovery:
 
         A drain is an actor call each worker answers between iterations, so a
         live worker, however slow its tier, answers within one iteration; one
-        that does not is evicted like a dead one: its server stops waiting
-        for it and its process is killed.
+        that does not is evicted: its server stops waiting for it. Without a
+        restart left its process is kept: if it answers again (SIGCONT, the
+        partition healed) it rejoins its group (``_collect_rejoined``).
         """
         timeout = self.cfg.backend.worker_timeout_s
         if not timeout:
@@ -48,11 +51,46 @@ class Recovery:
         now = self.now()
         for w in sorted(self.alive):
             if w in self._drains and now - self._drain_sent.get(w, now) > timeout:
+                drain = self._drains[w]
+                runs = [ref for ref, v in self._run_refs.items() if v == w]
                 self._run_refs = {ref: v for ref, v in self._run_refs.items() if v != w}
-                self._fail(w, f"no answer for {timeout:g} s (hung, stopped or partitioned): evicted")
+                if self._fail(w, f"no answer for {timeout:g} s (hung, stopped or partitioned): evicted", keep=True):
+                    self._evicted[w] = (drain, runs)
 
-    def _fail(self, w: int, error: str) -> None:
-        """Remove a failed worker from its server's gating (nobody waits for it), then restart or drop it."""
+    def _collect_rejoined(self) -> None:
+        """Evicted workers that answered their drain at last: back into their group, from its replica."""
+        import ray
+
+        if not self._evicted or self.stop_reason is not None:
+            return
+        drains = {drain: w for w, (drain, _) in self._evicted.items()}
+        ready, _ = ray.wait(list(drains), num_returns=len(drains), timeout=0)
+        for ref in ready:
+            w = drains[ref]
+            _, runs = self._evicted.pop(w)
+            try:
+                records = ray.get(ref)
+            except ray.exceptions.RayError:
+                continue  # it died after all
+            for record in records:
+                self._record(record)
+            self.dead.discard(w)
+            self.epoch += 1
+            server = self.server_of(w)
+            ray.get(self.servers[server].add_worker.remote(w, self.epoch))
+            self.alive.add(w)
+            self._run_refs.update({run: w for run in runs})
+            self.workers[w].set_route.remote(self.epoch, server, self.servers[server])  # its pending call: MOVED
+            failure = next(f for f in reversed(self.failures) if f.get("worker") == w)
+            failure["rejoined_t"] = round(self.now(), 6)
+            self.recorder.event("worker_rejoined", t=self.now(), worker=w, group=server)
+
+    def _fail(self, w: int, error: str, keep: bool = False) -> bool:
+        """Remove a failed worker from its server's gating (nobody waits for it), then restart or drop it.
+
+        ``keep``: an unresponsive worker with no restart left keeps its process, which may answer again;
+        returns True when it was kept.
+        """
         import ray
 
         self.alive.discard(w)
@@ -62,7 +100,7 @@ class Recovery:
             self.recorder.event("worker_failed", t=self.now(), worker=w, error=error, restarted=False)
             self.dead.add(w)
             self.stop_reason = "worker_failed"
-            return
+            return False
         restart = self.restarts[w] < self.cfg.backend.max_restarts
         self.failures.append({"t": round(self.now(), 6), "worker": w, "error": error, "restarted": restart})
         self.recorder.event("worker_failed", t=self.now(), worker=w, error=error, restarted=restart)
@@ -71,13 +109,17 @@ class Recovery:
             ray.get(self.servers[self.server_of(w)].remove_worker.remote(w, self.epoch))
         except ray.exceptions.ActorDiedError:  # its server died too: the replacement serves the others
             self._check_servers()
+        if keep and not restart:
+            self.dead.add(w)
+            return True
         ray.kill(self.workers[w], no_restart=True)
         if not restart:
             self.dead.add(w)
-            return
+            return False
         self.restarts[w] += 1
         self.workers[w] = self._worker_actor(w)
         self._starting[self.workers[w].ping.remote()] = w
+        return False
 
     def _collect_started(self) -> None:
         """Restarted workers that are ready rejoin their group's server (at its slowest clock)."""
@@ -109,13 +151,21 @@ class Recovery:
         root = self.out / "checkpoint"
         self.ckpt_seq += 1
         folder = checkpoint.new_folder(root, self.ckpt_seq)
+        alive = sorted(self.alive)
+        asked = {self.workers[w].position.remote(): w for w in alive}
         try:
             ray.get([s.save.remote(str(folder)) for s in self.servers])
         except ray.exceptions.ActorDiedError:  # a server died: no partial set is committed; it is replaced
             shutil.rmtree(folder, ignore_errors=True)
             self._check_servers()
             return
-        checkpoint.commit(root, folder, self._run_state())
+        ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=5.0)  # a hung worker keeps its last one
+        for ref in ready:
+            try:
+                self.positions[asked[ref]] = ray.get(ref)
+            except ray.exceptions.RayError:
+                pass
+        checkpoint.commit(root, folder, {**self._run_state(), "positions": {str(w): p for w, p in self.positions.items()}})
         self.last_checkpoint = str(folder)
         self.recorder.event("checkpoint", t=round(self.now(), 6), path=str(folder))
 
@@ -150,6 +200,18 @@ class Recovery:
         self.recorder.event("resume", t=round(self.offset, 6), checkpoint=str(folder))
         return {"folder": folder, **state}
 
+    def _seek_streams(self, positions: dict[str, Any]) -> None:
+        """Each worker continues its data stream and random generators where the checkpoint left them."""
+        import ray
+
+        if not positions:
+            return
+        workers = [w for w in range(self.n) if str(w) in positions]
+        now = ray.get([self.workers[w].seek.remote(positions[str(w)]) for w in workers], timeout=300)
+        self.positions = dict(zip(workers, now))
+        self.recorder.event("data_positions", t=round(self.offset, 6),
+                            positions={str(w): position_digest(p) for w, p in self.positions.items()})
+
     def _restore_groups(self, groups: list[list[int]], times: list[float]) -> None:
         """Put the GSSP policy back into its grouped state (profile and groups of the checkpoint)."""
         gssp = self.gssp
@@ -163,3 +225,10 @@ class Recovery:
     def _final_checkpoint(self) -> None:
         if self._ckpt_period() < math.inf:
             self._checkpoint()
+
+
+def position_digest(position: dict[str, Any]) -> dict[str, Any]:
+    """A worker's stream position with its generator states as one short hash (what metrics.jsonl records)."""
+    rngs = {k: v for k, v in position.items() if k not in ("epoch", "offset")}
+    digest = hashlib.sha256(json.dumps(rngs, sort_keys=True).encode()).hexdigest()[:16]
+    return {"epoch": position["epoch"], "offset": position["offset"], "rng": digest}

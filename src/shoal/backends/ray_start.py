@@ -119,6 +119,8 @@ class ActorSetup:
         for w in range(self.n):
             self.workers[w] = self._worker_actor(w)
         self._install_servers(policies, resumed)
+        if resumed is not None:
+            self._seek_streams(resumed.get("positions") or {})
         if self.plan is not None:
             self._start_switches()
         self._wait_ready(self.servers + self.spares + list(self.switches.values()) + [self.evaluator])

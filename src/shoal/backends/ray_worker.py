@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from base64 import b64decode, b64encode
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,11 @@ def worker_shard(cfg: Config, worker: int, x: np.ndarray, y: np.ndarray,
     shard = Dataset("shard", torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y)),
                     torch.empty(0), torch.empty(0, dtype=torch.long), num_classes)
     return shard, BatchStream(shard, np.arange(len(y)), cfg.data.batch_size, cfg.run.seed, worker)
+
+
+def _bytes_tensor(text: str) -> torch.Tensor:
+    """A generator state saved as base64 text, as the uint8 tensor torch takes."""
+    return torch.frombuffer(bytearray(b64decode(text)), dtype=torch.uint8)
 
 
 @dataclass
@@ -141,6 +147,27 @@ class Worker:
         self.density = density
         records, self._records = self._records, []
         return records
+
+    def position(self) -> dict[str, Any]:
+        """Where this worker's data stream and random generators stand (checkpointed; a resume seeks here)."""
+        codec_rng = self._codec_generator()
+        return {**self.stream.position(), "torch_rng": b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+                "stragglers": self.stragglers.state(self.w),
+                "codec_rng": None if codec_rng is None else b64encode(codec_rng.get_state().numpy().tobytes()).decode()}
+
+    def seek(self, position: dict[str, Any]) -> dict[str, Any]:
+        """Continue from a checkpointed ``position()`` (before the loop starts); returns the position now."""
+        self.stream.seek(int(position["epoch"]), int(position["offset"]))
+        torch.set_rng_state(_bytes_tensor(position["torch_rng"]))
+        self.stragglers.restore(self.w, position["stragglers"])
+        codec_rng = self._codec_generator()
+        if codec_rng is not None and position.get("codec_rng"):
+            codec_rng.set_state(_bytes_tensor(position["codec_rng"]))
+        return self.position()
+
+    def _codec_generator(self) -> torch.Generator | None:
+        """The upload compressor's random generator (randk, qsgd, powersgd), if it has one."""
+        return getattr(getattr(self.codec, "compressor", None), "generator", None)
 
     def stop(self) -> None:
         self._stopping = True

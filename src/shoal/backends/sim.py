@@ -23,6 +23,7 @@ import torch
 
 from shoal.cluster import StragglerModel
 from shoal.backends.local_model import LocalModel, aggregation_schedule, outer_step, uses_local_models
+from shoal.backends.sim_membership import SimMembership
 from shoal.backends.sim_server import Pulled, Push, SimServer
 from shoal.compress import GDTopKSchedule, GradientCodec
 from shoal.compress.codec import DELTA_SALT, exchange_codec, server_optimizer, worker_codec
@@ -39,7 +40,7 @@ from shoal.sync.gssp import Move, gssp_from_config
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-class SimBackend:
+class SimBackend(SimMembership):
     """Runs one configured training (or cost-only) simulation to its stopping rule."""
 
     def __init__(self, setup: RunSetup, recorder: RunRecorder, progress: ProgressFn | None = None) -> None:
@@ -77,6 +78,7 @@ class SimBackend:
         self.bytes_exchange = 0.0
         self.stop = self.env.event()
         self.stop_reason = "time_budget"
+        self.departed: set[int] = set()  # workers that left (cluster.membership)
 
     # -- construction -----------------------------------------------------------
 
@@ -134,11 +136,11 @@ class SimBackend:
 
     def _worker(self, w: int) -> Iterator[simpy.Event]:
         profile = self.profile
-        while not self.stop.triggered:
+        while not self.stop.triggered and w not in self.departed:
             t0 = self.env.now
             while (gate := self.server_of(w).gate(w)) is not None:
                 yield gate | self.stop
-                if self.stop.triggered:
+                if self.stop.triggered or w in self.departed:
                     return
             waited = self.env.now - t0
 
@@ -156,6 +158,8 @@ class SimBackend:
             compute = profile.compute_s * self.speeds[w] * self.stragglers.factor(w)
             push, loss = self._compute(w, pulled)
             yield self.env.timeout(compute)
+            if w in self.departed:
+                return
 
             t2 = self.env.now
             if self.allreduce:
@@ -163,12 +167,14 @@ class SimBackend:
                 yield self.env.timeout(self.ring_s)
             elif push.nbytes:
                 yield self.env.timeout(profile.latency_s)
+                if w in self.departed:
+                    return
                 if self.setup.aggregation is None:
                     yield self.server_of(w).ingress.transfer(push.nbytes, profile.link_bps)
                 else:
                     yield from self._push_in_network(w, server, push.nbytes, round_=pulled_version)
             push_s = self.env.now - t2
-            if self.stop.triggered:
+            if self.stop.triggered or w in self.departed:  # a leaver's last gradient is not applied
                 return
             target = self.server_of(w)  # a regroup may have moved this worker while it computed
             self._deliver(w, target, push, staleness=target.version - pulled_version if target is server else None,
@@ -360,7 +366,7 @@ class SimBackend:
         self._share_updates()
         self.exchange_codecs = [codec for g in range(len(groups)) if (codec := exchange_codec(
             self.cfg.compression, self.cfg.run.seed, g, self.setup.engine.layout)) is not None]
-        self.force_pull.update(range(self.profile.workers))
+        self.force_pull.update(range(len(self.stats)))
         for g, members in enumerate(groups):
             for w in members:
                 self.stats[w].group = g
@@ -469,7 +475,7 @@ class SimBackend:
         self.recorder.event("groups", t=0.0, groups=self._groups(), reason="start")
         for w in range(self.profile.workers):
             self.env.process(self._worker(w))
-        for process in (self._budget(), self._clock(), self._speed_changes()):
+        for process in (self._budget(), self._clock(), self._speed_changes(), self._membership()):
             self.env.process(process)
         try:
             self.env.run(until=self.stop)

@@ -96,6 +96,15 @@ class SimServer:
         self._wake()
         return 1 if batch else 0
 
+    def remove(self, worker: int) -> None:
+        """``worker`` left: forget it, apply an update it was holding back (BSP), release the waiters."""
+        batch = self.policy.remove(worker)
+        self._pending.pop(worker, None)
+        pushes = [self._pending.pop(w) for w in batch if w in self._pending]
+        if pushes:
+            self._apply(pushes)
+        self.wake_all()
+
     def receive_delta(self, params_delta: torch.Tensor | None, buffers_delta: torch.Tensor | None,
                       updates: int) -> None:
         """A peer group server's own delta arrived; it holds ``updates`` updates (staleness counts each)."""

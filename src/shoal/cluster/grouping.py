@@ -44,10 +44,20 @@ class IterationProfiler:
         self._recent[worker].append(seconds)
         self._estimate[worker] = float(np.quantile(self._recent[worker], self.quantile))
 
+    def add(self) -> int:
+        """Profile one more worker (a joiner); returns its id."""
+        self.count.append(0)
+        self._recent.append(deque(maxlen=self.window))
+        self._estimate.append(0.0)
+        return len(self.count) - 1
+
     @property
     def ready(self) -> bool:
         """Every worker has finished its profiling iterations."""
         return min(self.count) >= self.warmup
+
+    def profiled(self, worker: int) -> bool:
+        return self.count[worker] >= self.warmup
 
     def times(self) -> list[float]:
         return list(self._estimate)

@@ -8,6 +8,7 @@ always describes the same cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -86,3 +87,18 @@ class StragglerModel:
             self._left[worker] -= 1
             return self._cfg.slowdown
         return 1.0
+
+    def add_worker(self, seed: int) -> int:
+        """A stream for one more worker (a joiner, the next id); returns its id."""
+        worker = len(self._rngs)
+        self._rngs.append(np.random.default_rng([seed, 0x57A6, worker]))
+        self._left.append(0)
+        return worker
+
+    def state(self, worker: int) -> dict[str, Any]:
+        """``worker``'s generator and the rest of its spell (JSON-able), for checkpoints."""
+        return {"rng": self._rngs[worker].bit_generator.state, "left": self._left[worker]}
+
+    def restore(self, worker: int, state: dict[str, Any]) -> None:
+        self._rngs[worker].bit_generator.state = state["rng"]
+        self._left[worker] = int(state["left"])

@@ -150,6 +150,17 @@ class BatchStream:
             self._pos = 0
         return self.dataset.x_train[idx], self.dataset.y_train[idx]
 
+    def position(self) -> dict[str, int]:
+        """Where the stream stands: local epochs done and the offset into this epoch's order."""
+        return {"epoch": self.epoch, "offset": self._pos}
+
+    def seek(self, epoch: int, offset: int) -> None:
+        """Continue from ``position()``: the batches that follow are those the saved stream would have drawn."""
+        if epoch < 0 or not 0 <= offset <= len(self.shard):
+            raise ValueError(f"worker {self.worker}: no stream position epoch {epoch}, offset {offset}")
+        self.epoch, self._pos = epoch, offset
+        self._order = self._shuffle()
+
     def __iter__(self) -> "BatchStream":
         return self
 

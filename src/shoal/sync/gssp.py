@@ -11,12 +11,17 @@ the workers are split into natural-breaks groups and every group server
 starts from a copy of that single replica (so no delta is in flight at the
 split). Later regroups move workers between the existing group servers; the
 number of servers stays what the first grouping chose.
+
+Membership may change (``join``, ``leave``): a joiner trains in the slowest
+group until it is profiled, then the next regroup places it by its speed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from shoal.cluster.grouping import Groups, IterationProfiler, Regrouper, canonical, choose_groups
 from shoal.config import SyncConfig
@@ -64,6 +69,7 @@ class GSSP:
         self.groups: Groups = [list(range(workers))]
         self.policies: list[SSP] = [SSP(range(workers), staleness)]
         self.server_of: dict[int, int] = {w: 0 for w in range(workers)}
+        self.present: set[int] = set(range(workers))  # workers taking part now (joins and leaves change it)
         self.grouped = False
         self._since_exchange = [0]
 
@@ -101,13 +107,50 @@ class GSSP:
             return True
         return False
 
+    def join(self, worker: int) -> int:
+        """Admit a new worker (the next id); returns its server.
+
+        Before the split it joins the one group (and the split waits for its
+        profile). After it, it trains in the slowest active group: a joiner of
+        unknown speed there slows nobody faster than itself; once profiled,
+        the next regroup moves it to the group of its speed.
+        """
+        if worker != len(self.profiler.count):
+            raise ValueError(f"joiners take the next id ({len(self.profiler.count)}), not {worker}")
+        self.profiler.add()
+        self.present.add(worker)
+        server = 0
+        if self.grouped:
+            times = self.profiler.times()
+            active = [s for s, g in enumerate(self.groups) if g]
+            server = max(active, key=lambda s: float(np.median([times[w] for w in self.groups[s]])))
+        self.policies[server].add(worker)
+        self.server_of[worker] = server
+        self.groups[server] = sorted(self.policies[server].clocks)
+        return server
+
+    def leave(self, worker: int) -> int:
+        """A worker leaves for good; returns the server it left (whose policy no longer counts it)."""
+        server = self.server_of.pop(worker)
+        self.present.discard(worker)
+        self.policies[server].remove(worker)
+        self.groups[server] = sorted(self.policies[server].clocks)
+        return server
+
+    def _present_times(self) -> tuple[list[int], list[float]]:
+        """The present workers' ids and profiled times (the grouping sees nobody who left)."""
+        ids = sorted(self.present)
+        times = self.profiler.times()
+        return ids, [times[w] for w in ids]
+
     def initial_split(self) -> Groups | None:
-        """The first grouping, once every worker has been profiled (None: not yet, or already)."""
-        if self.grouped or not self.profiler.ready:
+        """The first grouping, once every present worker has been profiled (None: not yet, or already)."""
+        if self.grouped or not all(self.profiler.profiled(w) for w in self.present):
             return None
         self.grouped = True
-        groups = choose_groups(self.profiler.times(), self.groups_setting, self.threshold, self.max_groups,
-                               self.split_ratio)
+        ids, times = self._present_times()
+        groups = [[ids[i] for i in g] for g in choose_groups(times, self.groups_setting, self.threshold,
+                                                               self.max_groups, self.split_ratio)]
         self._install(groups)  # a first correction may follow at once: the cooldown runs between regroups
         return groups
 
@@ -121,11 +164,16 @@ class GSSP:
         """
         if not self.grouped or self.regrouper is None or self.servers == 1:
             return []
-        times = self.profiler.times()
-        proposal = self.regrouper.propose(times, [g for g in self.groups if g], now)
+        if not all(self.profiler.profiled(w) for w in self.present):
+            return []  # a joiner is still being profiled
+        ids, present_times = self._present_times()
+        index = {w: i for i, w in enumerate(ids)}
+        current = [[index[w] for w in g] for g in self.groups if g]
+        proposal = self.regrouper.propose(present_times, current, now)
         if proposal is None:
             return []
-        proposal = self._fit_to_servers(proposal, times)
+        times = self.profiler.times()
+        proposal = self._fit_to_servers([[ids[i] for i in g] for g in proposal], times)
         moves = [
             Move(w, self.server_of[w], new)
             for new, members in enumerate(proposal)
