@@ -339,6 +339,28 @@ def test_a_killed_gssp_group_server_is_replaced_from_a_peer_replica(ray_session)
     assert summary["exchanges"] > 0
 
 
+def test_two_workers_added_mid_run_train_and_gssp_places_them_by_speed(ray_session):
+    """cluster.membership on ray: a 1x and a 4x worker join at 1.5 s; worker 1 leaves at 4 s."""
+    signal.alarm(150)
+    try:
+        stream = io.StringIO()
+        cfg = ray_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.stop_at_target=false",
+                         "run.max_time_s=14",
+                         "cluster.membership=[{at_s=1.5, add=2, speeds=[1, 4]}, {at_s=4, remove=[1]}]")
+        _, summary = run_backend(cfg, None, stream)
+    finally:
+        signal.alarm(0)
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    joined = {e["worker"]: e for e in events if e["event"] == "worker_joined"}
+    assert sorted(joined) == [4, 5] and all(e["t"] >= 1.5 for e in joined.values())
+    per = {p["id"]: p for p in summary["per_worker"]}
+    assert per[4]["iterations"] > 0 and per[5]["iterations"] > 0  # they train
+    assert summary["groups"] == [[0, 4], [2, 3, 5]]  # GSSP profiled them and placed them by speed
+    left = next(e for e in events if e["event"] == "worker_left")
+    assert left["worker"] == 1 and not summary["failures"]  # leaving is not failing
+    assert not [e for e in events if e["event"] == "iteration" and e["worker"] == 1 and e["t"] > left["t"] + 0.5]
+
+
 @pytest.mark.slow
 def test_failed_worker_restarts_from_its_groups_replica(ray_session):
     injected: dict[str, bool] = {}

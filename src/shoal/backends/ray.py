@@ -81,6 +81,9 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
         self.alive: set[int] = set()
         self.dead: set[int] = set()
         self.restarts = [0] * self.n
+        self.departed: set[int] = set()  # workers that left (cluster.membership)
+        self._membership_changes = self.cfg.cluster.schedule()
+        self._joiner_speeds = iter(self.cfg.cluster.joiner_speeds())
         self.failures: list[dict[str, Any]] = []
         self.epoch = 0
         self.offset = 0.0
@@ -139,6 +142,7 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
                 self._checkpoint()
                 next_ckpt = self.now() + self._ckpt_period()
             self._apply_speed_changes(now)
+            self._apply_membership(now)
             ready, _ = ray.wait(list(self._run_refs), num_returns=1, timeout=TICK_S) if self._run_refs else ([], [])
             if not self._run_refs:
                 time.sleep(TICK_S)
@@ -452,4 +456,4 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
     def _groups(self) -> list[list[int]]:
         if self.gssp is not None:
             return [list(g) for g in self.gssp.groups]
-        return [list(range(self.n))]
+        return [self._members()]

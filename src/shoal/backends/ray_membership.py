@@ -10,11 +10,64 @@ from __future__ import annotations
 import numpy as np
 
 from shoal.compress.codec import exchange_codec
+from shoal.engine.metrics import WorkerStats
 from shoal.sync.gssp import Move
 
 
 class Membership:
-    """Carries out the GSSP policy's groupings on the group server and worker actors."""
+    """Carries out the GSSP policy's groupings, and workers joining and leaving, on the actors."""
+
+    def _members(self) -> list[int]:
+        """Every worker taking part (failed ones included, as their group's record), in id order."""
+        return [w for w in range(len(self.stats)) if w not in self.departed]
+
+    def _apply_membership(self, now: float) -> None:
+        """``cluster.membership`` changes that are due: joiners start (and join once ready), leavers stop."""
+        while self._membership_changes and self._membership_changes[0].at_s <= now:
+            change = self._membership_changes.pop(0)
+            for _ in range(change.add):
+                self._join(next(self._joiner_speeds))
+            for w in change.remove:
+                self._leave(w)
+
+    def _join(self, speed: float) -> None:
+        """Start a new worker actor (the next id); ``_collect_started`` admits it to its group once it answers."""
+        w = len(self.stats)
+        group = self.gssp.join(w) if self.gssp is not None else 0  # GSSP: the slowest group until profiled
+        self.speeds.append(speed)
+        self.stats.append(WorkerStats(id=w, group=group, speed=speed))
+        self.restarts.append(0)
+        self.workers[w] = self._worker_actor(w)
+        self._starting[self.workers[w].ping.remote()] = w
+        self.recorder.event("worker_joining", t=self.now(), worker=w, group=group, speed=speed)
+
+    def _leave(self, w: int) -> None:
+        """``w`` leaves for good (not a failure): its server forgets it, its last records are kept."""
+        import ray
+
+        self.departed.add(w)
+        self._starting = {ref: v for ref, v in self._starting.items() if v != w}
+        self._run_refs = {ref: v for ref, v in self._run_refs.items() if v != w}
+        group = self.server_of(w)
+        if self.gssp is not None:
+            self.gssp.leave(w)
+        if w in self.alive:
+            self.alive.discard(w)
+            self.epoch += 1
+            try:
+                ray.get(self.servers[group].remove_worker.remote(w, self.epoch), timeout=30)
+            except ray.exceptions.ActorDiedError:
+                self._check_servers()
+            pending = self._drains.pop(w, None)
+            try:
+                for record in ray.get(pending, timeout=5) if pending is not None else []:
+                    self._record(record)
+            except (ray.exceptions.RayError, TimeoutError):
+                pass
+        self._evicted.pop(w, None)
+        if w in self.workers:
+            ray.kill(self.workers[w], no_restart=True)
+        self.recorder.event("worker_left", t=self.now(), worker=w, group=group)
 
     def server_of(self, worker: int) -> int:
         return self.gssp.server_of[worker] if self.gssp is not None else 0

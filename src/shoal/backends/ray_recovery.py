@@ -82,8 +82,8 @@ class Recovery:
             self._run_refs.update({run: w for run in runs})
             self.workers[w].set_route.remote(self.epoch, server, self.servers[server])  # its pending call: MOVED
             failure = next(f for f in reversed(self.failures) if f.get("worker") == w)
-            failure["rejoined_t"] = round(self.now(), 6)
-            self.recorder.event("worker_rejoined", t=self.now(), worker=w, group=server)
+            failure["rejoined_t"] = t = round(self.now(), 6)
+            self.recorder.event("worker_rejoined", t=t, worker=w, group=server)
 
     def _fail(self, w: int, error: str, keep: bool = False) -> bool:
         """Remove a failed worker from its server's gating (nobody waits for it), then restart or drop it.
@@ -135,7 +135,10 @@ class Recovery:
             server = self.server_of(w)
             ray.get(self.servers[server].add_worker.remote(w, self.epoch))
             self._launch(w)
-            self.recorder.event("worker_restarted", t=self.now(), worker=w, restarts=self.restarts[w])
+            if self.restarts[w]:
+                self.recorder.event("worker_restarted", t=self.now(), worker=w, restarts=self.restarts[w])
+            else:  # a joiner (cluster.membership)
+                self.recorder.event("worker_joined", t=self.now(), worker=w, group=server, speed=self.speeds[w])
 
     def _ckpt_period(self) -> float:
         """Seconds between checkpoints (inf: none; all-reduce groups have no server to save yet)."""

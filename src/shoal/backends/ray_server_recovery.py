@@ -138,7 +138,7 @@ class ServerRecovery:
         import ray
 
         self.epoch += 1
-        members = self.gssp.groups[g] if self.gssp is not None else list(range(self.n))
+        members = self.gssp.groups[g] if self.gssp is not None else self._members()
         policy = self._live_policy(members)
         if "folder" in source:
             ray.get(server.restore.remote(policy, source["folder"], f"group-{g}", self.epoch))
@@ -168,7 +168,7 @@ class ServerRecovery:
 
     def _route_group(self, g: int) -> None:
         """Every live member of group ``g`` follows the new server (the epoch is the new server's)."""
-        members = self.gssp.groups[g] if self.gssp is not None else list(range(self.n))
+        members = self.gssp.groups[g] if self.gssp is not None else self._members()
         for w in members:
             if w in self.alive:
                 self.workers[w].set_route.remote(self.epoch, g, self.servers[g])

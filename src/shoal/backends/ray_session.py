@@ -114,6 +114,9 @@ def check_resume(cfg: Config, run_dir: Path) -> None:
         raise ConfigError("--resume: checkpoints are written by the ray backend only; add --backend ray")
     if cfg.sync.intra_group == "allreduce":
         raise ConfigError("--resume: all-reduce groups write no checkpoints yet; use sync.intra_group = \"server\"")
+    if cfg.cluster.membership:
+        raise ConfigError("--resume: a run with cluster.membership changes cannot be resumed yet (joiners are not "
+                          "checkpointed); remove cluster.membership")
     _, state = checkpoint.latest(run_dir / "checkpoint")
     if state.get("scheme") != cfg.sync.scheme or state.get("workers") != cfg.cluster.workers:
         raise ConfigError(

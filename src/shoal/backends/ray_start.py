@@ -35,9 +35,10 @@ class ActorSetup:
 
     def _cpus_needed(self) -> float:
         b = self.cfg.backend
+        workers = self.cfg.cluster.total_workers  # joiners (cluster.membership) need their CPUs too
         if self.collective:
-            return self.n * b.cpus_per_worker
-        return self.n * b.cpus_per_worker + (1 + self._predicted_spares()) * b.cpus_per_server
+            return workers * b.cpus_per_worker
+        return workers * b.cpus_per_worker + (1 + self._predicted_spares()) * b.cpus_per_server
 
     def _predicted_spares(self) -> int:
         """Extra GSSP group servers to start early, so the split does not wait for processes to start."""
@@ -60,7 +61,7 @@ class ActorSetup:
 
     def _worker_actor(self, w: int) -> Any:
         b = self.cfg.backend
-        x, y = self._shards[w]
+        x, y = self._shards[w % self.n]  # a joiner trains on a copy of the shard of worker (id mod workers)
         args = (w, self.cfg, x, y, self.setup.dataset.num_classes, self.speeds[w], self.profile.compute_s,
                 self.setup.download_bytes, self._density(w))
         options = {"num_cpus": b.cpus_per_worker, "num_gpus": b.gpus_per_worker, "max_concurrency": 1000}
@@ -243,8 +244,9 @@ class ActorSetup:
     def _live_policy(self, members: list[int]) -> SSP:
         """The SSP policy a group server runs: its members that are still alive."""
         policy = SSP(members or [0], self.cfg.sync.staleness)
+        starting = set(self._starting.values())  # admitted once they answer (at the slowest clock then)
         for w in list(policy.clocks):
-            if w not in members or w in self.dead:
+            if w not in members or w in self.dead or w in self.departed or w in starting:
                 policy.remove(w)
         return policy
 

@@ -80,7 +80,7 @@ class Worker:
             params, buffers = self.engine.initial_state()
             self.local = LocalModel(params.cpu(), buffers.cpu(), cfg.optimizer, self.engine.layout)
             self.delta_codec = self._codec(salt=DELTA_SALT)
-        self.stragglers = StragglerModel(cfg.cluster.stragglers, cfg.cluster.workers, cfg.run.seed)
+        self.stragglers = StragglerModel(cfg.cluster.stragglers, cfg.cluster.total_workers, cfg.run.seed)
         c = cfg.cluster
         self.link = Link(c.latency_ms / 1e3, c.link_gbps * 1e9, c.emulate)
         self.route: Route | None = None

@@ -90,7 +90,7 @@ class GSSP:
         (no change), so the backend can release waiters or tell the server.
         """
         self.profiler.observe(worker, iteration_s)
-        if not self.transient_factor or not self.grouped:
+        if not self.transient_factor or not self.grouped or worker not in self.present:
             return None
         policy = self.policies[self.server_of[worker]]
         if iteration_s > self.transient_factor * self.profiler.times()[worker]:
