@@ -688,6 +688,25 @@ def test_checkpoint_round_trip_keeps_optimizer_state(tmp_path):
         checkpoint.load_replica(tmp_path, "sgd", opt)
 
 
+def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one_in_force(tmp_path):
+    """A checkpoint counts only once latest.json names it: a half-written newer one is never read."""
+    from shoal.engine.replica import Replica
+
+    opt = load_config(None, []).optimizer
+    root = tmp_path / "checkpoint"
+    replica = Replica(torch.randn(6), torch.randn(2), opt)
+    first = checkpoint.new_folder(root, 1)
+    checkpoint.save_replica(first, "group-0", replica, {})
+    checkpoint.commit(root, first, {"elapsed_s": 5.0, "iterations": 10})
+    second = checkpoint.new_folder(root, 2)  # the crash: tensors half written, no manifest, no run.json, no commit
+    (second / "group-0.safetensors").write_bytes(b"\0" * 17)
+    (root / "latest.json.tmp").write_text('{"path": "ckpt-0000')  # and a pointer update cut short
+    folder, state = checkpoint.latest(root)
+    assert folder == first and state["iterations"] == 10 and checkpoint.saved_at(folder) == 5.0
+    loaded, _ = checkpoint.load_replica(folder, "group-0", opt)
+    assert torch.equal(loaded.params, replica.params)
+
+
 # -- the CLI: Ctrl-C writes the summary and leaves no process behind ------------------------------
 
 

@@ -351,6 +351,8 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
                 self.recorder.event("start", t=round(self.offset, 6), scheme=self.cfg.sync.scheme, speeds=self.speeds,
                                     backend="ray", pids=self.pids, devices=self.devices)
                 self.recorder.event("groups", t=round(self.offset, 6), groups=self._groups(), reason="start")
+                if not self.collective:
+                    self._record_servers("start")
                 self._loop()
             except KeyboardInterrupt:
                 self.stop_reason = "interrupted"

@@ -116,6 +116,7 @@ class Membership:
                 self.stats[w].group = g
                 if w in self.alive:
                     self.workers[w].set_route.remote(self.epoch, g, self.servers[g])
+        self._record_servers("split")
         self.recorder.event("groups", t=self.now(), groups=groups, reason="profiled",
                             times=[round(t, 6) for t in self.gssp.profiler.times()])
 

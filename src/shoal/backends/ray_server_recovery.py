@@ -110,6 +110,17 @@ class ServerRecovery:
             self._safe_t[g] = self.now()
             self.recorder.event("server_replaced", t=round(self.now(), 6), server=g, recovered_from=source["label"],
                                 seconds=round(time.monotonic() - started, 3))
+            self._record_servers("replaced")
+
+    def _record_servers(self, reason: str) -> None:
+        """A ``servers`` event: each group server's process id (for operators and fault drills)."""
+        import ray
+
+        try:
+            pids = ray.get([s.ping.remote() for s in self.servers], timeout=10)
+        except (ray.exceptions.RayError, TimeoutError):
+            return
+        self.recorder.event("servers", t=round(self.now(), 6), pids=pids, reason=reason)
 
     def _servers_down(self) -> set[int]:
         """Servers that died and whose replacement is still starting."""

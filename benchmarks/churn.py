@@ -1,0 +1,227 @@
+"""Training through faults and churn on the ray backend: the same run with and without a churn schedule.
+
+Each run is ``shoal train --backend ray`` as a user starts it (a subprocess
+of the CLI), on examples/mnist_tiers.toml under GSSP (8 workers at 1/1/2/2/
+4/4/8/8x plus transient stragglers, target 94%). This script only watches
+its metrics.jsonl (run time, worker and server process ids) and acts on the
+schedule, in run seconds:
+
+- ``kill -9`` worker 1 (a 1x worker; no restart: its group goes on without it),
+- ``kill -STOP`` worker 3 (2x; evicted after ``backend.worker_timeout_s``),
+  ``kill -CONT`` it later (it rejoins),
+- two workers join (``cluster.membership``: one at 1x, one at 4x),
+- ``kill -9`` group server 1 (replaced from a peer group's replica).
+
+Reported per seed and as medians: time to target with and without churn and
+their ratio (the bar: at most 1.5x), hangs (a run that outlived its time
+budget by a minute), crashes (a non-zero exit or no summary.json), the
+failures the summary names and the gradients the dead server took with it.
+
+Usage: .venv/bin/python benchmarks/churn.py [--seeds 3]
+Writes benchmarks/results/churn.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tuned import RESULTS, ROOT, provenance
+
+CONFIG = ROOT / "examples" / "mnist_tiers.toml"
+TARGET = 0.94
+BUDGET_S = 120.0
+HANG_MARGIN_S = 60.0
+BASE = [
+    "sync.scheme=gssp", f"run.target_accuracy={TARGET}", f"run.max_time_s={BUDGET_S}", "backend.name=ray",
+    "backend.cpus_per_worker=0.25", "backend.cpus_per_server=0.25", "backend.checkpoint_every_s=0",
+    "backend.worker_timeout_s=3",
+]
+JOIN_AT_S = 8.0
+MEMBERSHIP = f"cluster.membership=[{{at_s={JOIN_AT_S:g}, add=2, speeds=[1, 4]}}]"
+# (run second, action, target): the faults this script injects
+SCHEDULE = [
+    (4.0, "kill", ("worker", 1)),
+    (6.0, "stop", ("worker", 3)),
+    (10.0, "kill", ("server", 1)),
+    (12.0, "cont", ("worker", 3)),
+]
+SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
+
+
+class Watcher:
+    """Follows a run's metrics.jsonl: the newest run time, the worker and server process ids."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.t = path, 0, 0.0
+        self.workers: dict[int, int] = {}
+        self.servers: list[int] = []
+
+    def poll(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open() as f:
+            f.seek(self.offset)
+            for line in f:
+                if not line.endswith("\n"):
+                    break
+                self.offset += len(line.encode())
+                self._read(json.loads(line))
+
+    def _read(self, event: dict[str, Any]) -> None:
+        self.t = max(self.t, float(event.get("t") or 0.0))
+        if event["event"] == "start":
+            self.workers = {int(w): pid for w, pid in event["pids"].items()}
+        elif event["event"] == "servers":
+            self.servers = list(event["pids"])
+
+    def pid(self, kind: str, index: int) -> int | None:
+        if kind == "worker":
+            return self.workers.get(index)
+        return self.servers[index] if index < len(self.servers) else None
+
+
+def run(seed: int, churn: bool) -> dict[str, Any]:
+    """One `shoal train` run; with ``churn`` the membership change and the schedule above."""
+    out = Path(tempfile.mkdtemp(prefix="shoal-churn-")) / "run"
+    overrides = [*BASE, f"run.seed={seed}", *([MEMBERSHIP] if churn else [])]
+    command = [str(ROOT / ".venv" / "bin" / "shoal"), "train", "--config", str(CONFIG), "--out", str(out)]
+    for item in overrides:
+        command += ["--set", item]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    start = time.monotonic()
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    watcher, todo, done, stopped = Watcher(out / "metrics.jsonl"), list(SCHEDULE) if churn else [], [], set()
+    hang = False
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - start > BUDGET_S + HANG_MARGIN_S + 60:  # start-up included
+                hang = True
+                break
+            watcher.poll()
+            while todo and watcher.t >= todo[0][0]:
+                at, action, (kind, index) = todo.pop(0)
+                pid = watcher.pid(kind, index)
+                if pid is not None:
+                    os.kill(pid, SIGNALS[action])
+                    stopped.add(pid) if action == "stop" else stopped.discard(pid)
+                done.append({"at_s": at, "seen_s": round(watcher.t, 3), "action": action, "target": f"{kind} {index}",
+                             "pid": pid})
+            time.sleep(0.1)
+    finally:
+        for pid in stopped:  # never leave a stopped process behind
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+    stderr = proc.stderr.read() if proc.stderr else ""
+    summary_path = out / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    crash = proc.returncode != 0 or summary is None
+    result = {"seed": seed, "churn": churn, "exit_code": proc.returncode, "hang": hang, "crash": crash,
+              "wall_s": round(time.monotonic() - start, 1), "actions": done, "out": str(out)}
+    if crash:
+        result["stderr_tail"] = stderr[-2000:]
+    if summary is not None:
+        failures = summary.get("failures", [])
+        result |= {
+            "time_to_target_s": summary["time_to_target_s"], "final_accuracy": summary["final_accuracy"],
+            "stop_reason": summary["stop_reason"], "iterations": summary["iterations"],
+            "groups": summary["groups"], "failures": failures,
+            "gradients_lost": sum(f.get("gradients_lost", 0) for f in failures),
+            "joiner_iterations": [p["iterations"] for p in summary["per_worker"] if p["id"] >= 8],
+            "rejoined": [f["worker"] for f in failures if "rejoined_t" in f],
+        }
+    return result
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    calm = {r["seed"]: r for r in runs if not r["churn"]}
+    churned = {r["seed"]: r for r in runs if r["churn"]}
+    ratios = []
+    for seed, r in churned.items():
+        base = calm.get(seed, {}).get("time_to_target_s")
+        if r.get("time_to_target_s") and base:
+            ratios.append(r["time_to_target_s"] / base)
+    med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
+    return {
+        "hangs": sum(r["hang"] for r in runs), "crashes": sum(r["crash"] for r in runs),
+        "reached_churn": sum(bool(r.get("time_to_target_s")) for r in churned.values()),
+        "reached_calm": sum(bool(r.get("time_to_target_s")) for r in calm.values()),
+        "median_time_to_target_calm_s": med([r["time_to_target_s"] for r in calm.values() if r.get("time_to_target_s")]),
+        "median_time_to_target_churn_s": med([r["time_to_target_s"] for r in churned.values()
+                                              if r.get("time_to_target_s")]),
+        "ratios": [round(x, 3) for x in ratios], "median_ratio": med(ratios), "max_ratio": round(max(ratios), 3) if ratios else None,
+        "gradients_lost": [r.get("gradients_lost") for r in churned.values()],
+    }
+
+
+def _seconds(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.1f}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s = result["summary"]
+    lines = [
+        "# Training through churn on the ray backend", "",
+        f"`shoal train --backend ray` on examples/mnist_tiers.toml, GSSP, target {TARGET:.0%}, "
+        f"`backend.worker_timeout_s = 3`; commit `{result['git_commit'][:10]}`; command: `{result['command']}`; "
+        f"{result['machine']['cpus']} cores, load average before {result['machine']['load']}.", "",
+        "Schedule (run seconds): kill -9 worker 1 at 4; SIGSTOP worker 3 at 6, SIGCONT at 12; two workers join "
+        f"(1x, 4x) at {JOIN_AT_S:g}; kill -9 group server 1 at 10.", "",
+        "| seed | time to target, no churn (s) | with churn (s) | ratio | failures named | gradients lost "
+        "| rejoined | joiners' iterations | hang | crash |",
+        "|---:|---:|---:|---:|---|---:|---|---|---|---|",
+    ]
+    calm = {r["seed"]: r for r in result["runs"] if not r["churn"]}
+    for r in (r for r in result["runs"] if r["churn"]):
+        base = calm.get(r["seed"], {})
+        a, b = base.get("time_to_target_s"), r.get("time_to_target_s")
+        named = ", ".join(f"worker {f['worker']}" if "worker" in f else f"server {f['server']}"
+                          for f in r.get("failures", []))
+        ratio = f"{b / a:.2f}" if a and b else "-"
+        lines.append(f"| {r['seed']} | {_seconds(a)} | {_seconds(b)} | {ratio} | {named or '-'} "
+                     f"| {r.get('gradients_lost')} | {r.get('rejoined')} | {r.get('joiner_iterations')} "
+                     f"| {'yes' if r['hang'] else 'no'} | {'yes' if r['crash'] else 'no'} |")
+    lines += ["", f"Medians: {s['median_time_to_target_calm_s']} s without churn, {s['median_time_to_target_churn_s']} s "
+              f"with churn; ratio median {s['median_ratio']}, max {s['max_ratio']} (bar: 1.5). "
+              f"Hangs {s['hangs']}, crashes {s['crashes']} over {len(result['runs'])} runs; "
+              f"target reached {s['reached_churn']}/{len(calm)} with churn, {s['reached_calm']}/{len(calm)} without.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args()
+    load = os.getloadavg()[0]
+    runs = []
+    for seed in range(args.seeds):
+        for churn in (False, True):  # side by side: each seed's pair runs back to back
+            runs.append(run(seed, churn))
+            print(json.dumps({k: v for k, v in runs[-1].items() if k not in ("failures", "actions")}), flush=True)
+    result = {**provenance(), "machine": {"cpus": os.cpu_count(), "load": round(load, 2)},
+              "schedule": [{"at_s": a, "action": b, "target": f"{k} {i}"} for a, b, (k, i) in SCHEDULE],
+              "membership": MEMBERSHIP, "runs": runs, "summary": summarise(runs)}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "churn.json").write_text(json.dumps(result, indent=1) + "\n")
+    (RESULTS / "churn.md").write_text(markdown(result))
+    print(markdown(result))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
