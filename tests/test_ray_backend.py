@@ -263,10 +263,11 @@ def test_a_stopped_worker_is_evicted_within_the_timeout_and_rejoins_when_it_answ
     signal.alarm(120)
     try:
         stream = io.StringIO()
-        _, summary = run_backend(ray_config("run.target_accuracy=0.99", "run.max_time_s=9",
-                                            "backend.worker_timeout_s=2"), stop, stream)
+        _, summary = run_backend(ray_config("optimizer.lr=0.02", "run.target_accuracy=0.9", "run.stop_at_target=false",
+                                            "run.max_time_s=9", "backend.worker_timeout_s=2"), stop, stream)
     finally:
         signal.alarm(0)
+    assert summary["time_to_target_s"] is not None  # the run reached its target through it all
     assert stopped and [f["worker"] for f in summary["failures"]] == [1], summary["failures"]
     failure = summary["failures"][0]
     assert "no answer for 2 s" in failure["error"] and failure["t"] - stopped["t"] < 2 + 5
@@ -277,6 +278,24 @@ def test_a_stopped_worker_is_evicted_within_the_timeout_and_rejoins_when_it_answ
     assert {e["worker"] for e in between} == {0, 2, 3} and len(between) > 12  # the barrier no longer waited
     back = [e for e in events if e["event"] == "iteration" and e["worker"] == 1 and e["t"] > rejoined["t"]]
     assert len(back) > 5 and summary["per_worker"][1]["iterations"] > 20  # back in the BSP rounds
+
+
+def test_an_internal_error_in_the_driver_still_stops_the_actors_and_returns_the_summary(ray_session, monkeypatch):
+    apply = RayBackend._apply_speed_changes
+
+    def flaky(self, now):
+        if now > 0.5:
+            raise KeyError("a bug")
+        return apply(self, now)
+
+    monkeypatch.setattr(RayBackend, "_apply_speed_changes", flaky)
+    stream = io.StringIO()
+    backend, summary = run_backend(ray_config("run.target_accuracy=0.99"), None, stream)
+    assert summary["stop_reason"] == "internal_error" and summary["error"] == "KeyError: 'a bug'"
+    assert summary["iterations"] > 0 and summary["final_accuracy"] is not None  # evaluated on the way out
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert any(e["event"] == "internal_error" and "flaky" in e["traceback"] for e in events)
+    assert events[-1] == {"event": "end", "t": events[-1]["t"], "reason": "internal_error"}
 
 
 def _kill_server_when(group: int, ready) -> tuple[dict, callable]:

@@ -230,3 +230,29 @@ def test_churn_at_a_thousand_workers_in_cost_mode(tmp_path):
     members = sorted(w for g in summary["groups"] for w in g)
     assert members == sorted(set(range(1100)) - set(range(0, 1000, 10)))
     assert all(p["iterations"] > 0 for p in summary["per_worker"])
+
+
+def test_an_internal_error_mid_run_still_writes_the_summary_and_the_end_event(fast_config, tmp_path, monkeypatch):
+    """A bug after the start: summary.json (stop_reason internal_error) and metrics.jsonl are written, then it raises."""
+    from shoal.engine.metrics import InternalError
+
+    calls = {"n": 0}
+    account = SimBackend._account
+
+    def flaky(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 50:
+            raise ZeroDivisionError("a bug")
+        return account(self, *args, **kwargs)
+
+    monkeypatch.setattr(SimBackend, "_account", flaky)
+    with pytest.raises(InternalError, match="ZeroDivisionError: a bug"):
+        train(fast_config("run.stop_at_target=false"), tmp_path / "r")
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["stop_reason"] == "internal_error" and summary["error"] == "ZeroDivisionError: a bug"
+    events = read_jsonl(tmp_path / "r" / "metrics.jsonl")
+    # the failed process is reported once simpy reaches its event: workers due at the same instant still ran
+    assert 49 <= summary["iterations"] == sum(e["event"] == "iteration" for e in events) <= 52
+    error = next(e for e in events if e["event"] == "internal_error")
+    assert "Traceback" in error["traceback"] and "flaky" in error["traceback"]
+    assert events[-1]["event"] == "end" and events[-1]["reason"] == "internal_error"

@@ -16,6 +16,7 @@ from shoal.commands.report import report
 from shoal.commands.route import route
 from shoal.commands.trace import trace
 from shoal.commands.train import train
+from shoal.engine.metrics import InternalError
 
 app = typer.Typer(
     add_completion=True,
@@ -63,4 +64,7 @@ def main() -> None:
     except (KeyboardInterrupt, typer.Abort):
         typer.echo("interrupted", err=True)
         code = 130
+    except InternalError as err:  # the traceback is in metrics.jsonl, the summary was written
+        typer.echo(f"error: {err}", err=True)
+        code = 1
     sys.exit(code if isinstance(code, int) else 0)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.config import Config, ConfigError, to_toml
-from shoal.engine.metrics import RunRecorder, write_json_atomic
+from shoal.engine.metrics import InternalError, RunRecorder, write_json_atomic
 from shoal.engine.setup import RunSetup, build_setup
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "model.safetensors")
@@ -139,4 +139,7 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
 
     summary["model_file"] = "model.safetensors" if save_model(setup, out) else None
     write_json_atomic(out / "summary.json", summary)
+    if summary["stop_reason"] == "internal_error":  # written first: what was trained is kept
+        raise InternalError(f"the run stopped on an internal error ({summary['error']}); summary.json and "
+                            f"metrics.jsonl (with the traceback) are in {out}")
     return summary

@@ -35,7 +35,7 @@ from shoal.backends.ray_start import ActorSetup
 from shoal.backends.ray_session import ActorPool, plugin_folders, ray_session, sigterm_as_interrupt, validate
 from shoal.compress import GDTopKSchedule
 from shoal.compress.similarity import similarity_summary
-from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary, diverged
+from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary, diverged, internal_error
 from shoal.engine.setup import RunSetup
 from shoal.engine.task import Evaluation
 from shoal.sync.gssp import gssp_from_config
@@ -89,6 +89,7 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
         self.offset = 0.0
         self.t0 = 0.0
         self.stop_reason: str | None = None
+        self.error: str | None = None  # an internal error that stopped the run (its traceback is in metrics.jsonl)
         self.started = False
         self.where = "local"
         self.lr = self.cfg.optimizer.lr
@@ -356,6 +357,10 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
                 self._loop()
             except KeyboardInterrupt:
                 self.stop_reason = "interrupted"
+            except Exception as err:  # a bug mid-run: still stop, evaluate, checkpoint and write the summary
+                if not self.started:
+                    raise
+                self.stop_reason, self.error = "internal_error", internal_error(self.recorder, self.now(), err)
             try:
                 self._finish()
             except KeyboardInterrupt:
@@ -445,6 +450,7 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
                 "restarts": sum(self.restarts),
                 "checkpoint": self.last_checkpoint,
                 "resumed_from": str(self.resume) if self.resume is not None else None,
+                **({"error": self.error} if self.error else {}),
                 **self._similarity_summary(totals),
                 **({"routing": {**self.plan.summary, "dataplane": self.dataplane}} if self.plan is not None else {}),
             },

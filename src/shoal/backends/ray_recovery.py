@@ -77,7 +77,10 @@ class Recovery:
             self.dead.discard(w)
             self.epoch += 1
             server = self.server_of(w)
-            ray.get(self.servers[server].add_worker.remote(w, self.epoch))
+            try:
+                ray.get(self.servers[server].add_worker.remote(w, self.epoch))
+            except ray.exceptions.ActorDiedError:  # its server died: the replacement's policy counts it
+                self._check_servers()
             self.alive.add(w)
             self._run_refs.update({run: w for run in runs})
             self.workers[w].set_route.remote(self.epoch, server, self.servers[server])  # its pending call: MOVED

@@ -31,7 +31,7 @@ from shoal.compress.similarity import SimilaritySchedule, similarity_summary
 from shoal.sync.localsgd import PeriodicSchedule
 from shoal.config import Config
 from shoal.engine.cost import SharedLink, ring_allreduce_bytes, ring_allreduce_time
-from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary, diverged
+from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary, diverged, internal_error
 from shoal.engine.replica import Replica
 from shoal.engine.setup import RunSetup
 from shoal.sync import SyncPolicy, make_policy
@@ -471,6 +471,7 @@ class SimBackend(SimMembership):
     def run(self) -> dict[str, Any]:
         """Simulate until a stopping rule fires; return the summary record."""
         wall_start = time.perf_counter()
+        error = None
         self.recorder.event("start", t=0.0, scheme=self.cfg.sync.scheme, speeds=self.speeds)
         self.recorder.event("groups", t=0.0, groups=self._groups(), reason="start")
         for w in range(self.profile.workers):
@@ -481,11 +482,16 @@ class SimBackend(SimMembership):
             self.env.run(until=self.stop)
         except KeyboardInterrupt:  # Ctrl-C: what was simulated so far is still a run, with its summary
             self.stop_reason = "interrupted"
+        except Exception as err:  # a bug mid-run: the summary of what was simulated is still written
+            self.stop_reason, error = "internal_error", internal_error(self.recorder, self.env.now, err)
         try:
             if self.setup.train_mode and (not self.recorder.evals or self.recorder.evals[-1]["t"] < self.env.now):
                 self._evaluate()
         except KeyboardInterrupt:  # a second Ctrl-C skips the final evaluation, not the summary
             self.stop_reason = "interrupted"
+        except Exception as err:  # noqa: BLE001 - the state may be broken after an internal error
+            if self.stop_reason != "internal_error":
+                self.stop_reason, error = "internal_error", internal_error(self.recorder, self.env.now, err)
         self.recorder.event("end", t=self.env.now, reason=self.stop_reason)
         return build_summary(
             recorder=self.recorder,
@@ -506,6 +512,7 @@ class SimBackend(SimMembership):
                 "bytes_exchange": int(self.bytes_exchange),
                 **self._similarity_summary(),
                 **({"routing": self.setup.aggregation.summary} if self.setup.aggregation else {}),
+                **({"error": error} if self.stop_reason == "internal_error" else {}),
             },
         )
 

@@ -123,6 +123,20 @@ def diverged(*values: float | None) -> bool:
     return any(v is not None and not math.isfinite(v) for v in values)
 
 
+class InternalError(RuntimeError):
+    """A run stopped on a bug; its summary.json and metrics.jsonl (with the traceback) were written first."""
+
+
+def internal_error(recorder: "RunRecorder", t: float, err: BaseException) -> str:
+    """Record an ``internal_error`` event with the traceback; returns the one-line error for the summary."""
+    import traceback
+
+    text = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:300]
+    recorder.event("internal_error", t=round(t, 6), error=text,
+                   traceback="".join(traceback.format_exception(type(err), err, err.__traceback__)))
+    return text
+
+
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):
         return finite(value.item())
