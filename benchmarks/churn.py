@@ -10,7 +10,7 @@ schedule, in run seconds:
 - ``kill -STOP`` worker 3 (2x; evicted after ``backend.worker_timeout_s``),
   ``kill -CONT`` it later (it rejoins),
 - two workers join (``cluster.membership``: one at 1x, one at 4x),
-- ``kill -9`` group server 1 (replaced from a peer group's replica).
+- ``kill -9`` group server 1 (a warm standby takes over from a peer group's replica).
 
 Reported per seed and as medians: time to target with and without churn and
 their ratio (the bar: at most 1.5x), hangs (a run that outlived its time
@@ -44,7 +44,7 @@ HANG_MARGIN_S = 60.0
 BASE = [
     "sync.scheme=gssp", f"run.target_accuracy={TARGET}", f"run.max_time_s={BUDGET_S}", "backend.name=ray",
     "backend.cpus_per_worker=0.25", "backend.cpus_per_server=0.25", "backend.checkpoint_every_s=0",
-    "backend.worker_timeout_s=3",
+    "backend.worker_timeout_s=3", "backend.standby_servers=1",
 ]
 JOIN_AT_S = 8.0
 MEMBERSHIP = f"cluster.membership=[{{at_s={JOIN_AT_S:g}, add=2, speeds=[1, 4]}}]"
@@ -178,7 +178,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Training through churn on the ray backend", "",
         f"`shoal train --backend ray` on examples/mnist_tiers.toml, GSSP, target {TARGET:.0%}, "
-        f"`backend.worker_timeout_s = 3`; commit `{result['git_commit'][:10]}`; command: `{result['command']}`; "
+        f"`backend.worker_timeout_s = 3`, `backend.standby_servers = 1` (both runs); "
+        f"commit `{result['git_commit'][:10]}`; command: `{result['command']}`; "
         f"{result['machine']['cpus']} cores, load average before {result['machine']['load']}.", "",
         "Schedule (run seconds): kill -9 worker 1 at 4; SIGSTOP worker 3 at 6, SIGCONT at 12; two workers join "
         f"(1x, 4x) at {JOIN_AT_S:g}; kill -9 group server 1 at 10.", "",

@@ -166,6 +166,54 @@ def test_replicas_agree_once_all_deltas_are_delivered(n_groups, seed, adam):
         assert torch.allclose(other.buffers, replicas[0].buffers, atol=1e-5)
 
 
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_a_replacement_from_a_peers_shared_snapshot_agrees_with_the_others_in_the_end(seed):
+    """A dead group's replica rebuilt from a peer (Replica.shared_snapshot): once every delta sent is
+    delivered, it equals the others. The peer's own unsent delta reaches it once, with the next exchange."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    opt = OptimizerConfig(name="sgd", lr=0.05, momentum=0.9)
+    start = Replica(torch.randn(20, generator=gen), torch.randn(3, generator=gen), opt, track_own=True)
+    replicas = [start.clone(opt) for _ in range(3)]
+    in_flight: list[tuple[int, tuple[torch.Tensor, torch.Tensor]]] = []
+
+    def step(i: int) -> None:
+        replicas[i].apply([torch.randn(20, generator=gen)], weight=0.25)
+        replicas[i].add_buffer_deltas([torch.randn(3, generator=gen)], weight=0.25)
+
+    def send(i: int) -> None:
+        delta = replicas[i].take_own_delta()
+        in_flight.extend((j, delta) for j in range(3) if j != i)
+
+    def play(rounds: int) -> None:
+        for _ in range(rounds):
+            action, i = rng.random(), rng.randrange(3)
+            if action < 0.5:
+                step(i)
+            elif action < 0.7:
+                send(i)
+            elif in_flight:
+                j, delta = in_flight.pop(rng.randrange(len(in_flight)))
+                replicas[j].receive_delta(*delta)
+
+    play(30)
+    # replica 1 dies: its unsent updates are lost, copies addressed to it are dropped, the rest arrives
+    for j, delta in [(j, d) for j, d in in_flight if j != 1]:
+        replicas[j].receive_delta(*delta)
+    in_flight.clear()
+    step(2)  # the peer holds an own delta it has not sent yet
+    replicas[1] = Replica(*replicas[2].shared_snapshot(), opt, track_own=True)
+    play(30)
+    for i in range(3):
+        send(i)
+    for j, delta in in_flight:
+        replicas[j].receive_delta(*delta)
+    for other in replicas[1:]:
+        assert torch.allclose(other.params.detach(), replicas[0].params.detach(), atol=1e-5)
+        assert torch.allclose(other.buffers, replicas[0].buffers, atol=1e-5)
+
+
 def _gssp(fast_config, *extra: str):
     return fast_config("sync.scheme=gssp", "backend.mode=cost", "cluster.workers=8", TIERS,
                        "sync.profile_iterations=3", "run.max_time_s=30", *extra)

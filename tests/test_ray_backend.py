@@ -338,13 +338,13 @@ def test_a_killed_bsp_server_is_replaced_from_the_checkpoint_and_the_run_reaches
 
 
 def test_a_killed_gssp_group_server_is_replaced_from_a_peer_replica(ray_session):
-    """kill -9 one of two GSSP group servers: its group goes on from the other group's replica."""
+    """kill -9 one of two GSSP group servers: a warm standby takes over from the other group's replica."""
     killed, kill = _kill_server_when(1, lambda b, info: b.gssp.grouped and info["iterations"] >= 60)
     signal.alarm(150)
     try:
         stream = io.StringIO()
         cfg = ray_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.target_accuracy=0.85",
-                         "run.stop_at_target=false", "run.max_time_s=10")
+                         "run.stop_at_target=false", "run.max_time_s=10", "backend.standby_servers=1")
         _, summary = run_backend(cfg, kill, stream)
     finally:
         signal.alarm(0)
@@ -354,6 +354,7 @@ def test_a_killed_gssp_group_server_is_replaced_from_a_peer_replica(ray_session)
     assert 0 <= failure["gradients_lost"] <= summary["iterations"]
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     replaced = next(e for e in events if e["event"] == "server_replaced")
+    assert replaced["seconds"] < 3  # no process to start: the standby was warm
     assert {e["worker"] for e in events if e["event"] == "iteration" and e["t"] > replaced["t"]} == {0, 1, 2, 3}
     assert summary["exchanges"] > 0
 

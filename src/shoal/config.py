@@ -322,6 +322,7 @@ class BackendConfig(Section):
     cpus_per_worker: float = Field(1.0, ge=0, description="ray: CPUs each worker actor requests (fractions allowed).")
     gpus_per_worker: float = Field(0.0, ge=0, description="ray: GPUs each worker actor requests; with one, its model and gradients run on that GPU.")
     cpus_per_server: float = Field(1.0, ge=0, description="ray: CPUs each group server actor requests.")
+    standby_servers: int = Field(0, ge=0, le=64, description="ray: warm spare group-server processes kept ready, so a dead server is replaced in well under a second instead of the seconds a new process takes to start (each reserves cpus_per_server).")
     checkpoint_every_s: float = Field(30.0, ge=0, description="ray: group servers checkpoint replica and optimizer (safetensors + JSON) every this many wall seconds, and at the end; 0 = never.")
     max_restarts: int = Field(0, ge=0, description="ray: times each failed worker is restarted (it rejoins from its group's replica); 0 = drop it and go on.")
     worker_timeout_s: float = Field(60.0, ge=0, description="ray: a worker that has not answered the driver for this many wall seconds (hung, stopped, partitioned) is evicted as failed: its group stops waiting for it, then max_restarts applies; 0 = never. Must exceed the longest iteration.")

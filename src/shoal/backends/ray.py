@@ -72,6 +72,7 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
         self.schedule = GDTopKSchedule.from_config(self.cfg.compression.gdtopk)
         self.servers: list[Any] = []
         self.spares: list[Any] = []
+        self.standby: list[Any] = []  # warm spare servers (backend.standby_servers) for replacing a dead one
         self.plan = setup.aggregation  # in-network aggregation ([network] aggregation = "ina"), else None
         self.switches: dict[str, Any] = {}
         self.dataplane: dict[str, Any] | None = None
@@ -413,14 +414,14 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
 
         running = set(self._run_refs.values())
         reusable = {h._actor_id for w, h in self.workers.items() if w in self.alive and w not in running}
-        reusable |= {h._actor_id for h in [*self.servers, *self.spares]}
+        reusable |= {h._actor_id for h in [*self.servers, *self.spares, *self.standby]}
         pooling = ActorPool.enabled and self.where == "existing" and self.started and not self.collective
         if self.evaluator is not None:
             reusable.add(self.evaluator._actor_id)
         evaluator = [self.evaluator] if self.evaluator is not None else []
         starting = [server for server, *_ in self._replacements.values()]
         for handle in [*self.workers.values(), *self.servers, *self.spares, *self.switches.values(), *evaluator,
-                       *starting]:
+                       *starting, *self.standby]:
             if pooling and handle._actor_id in reusable:
                 ActorPool.give(self._keys[handle._actor_id], handle)
                 continue

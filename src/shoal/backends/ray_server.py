@@ -413,6 +413,12 @@ class GroupServer:
         params, buffers = self.replica.snapshot()
         return params.numpy(), buffers.numpy()
 
+    def shared_state(self) -> tuple[np.ndarray, np.ndarray]:
+        """The replica without its unsent own delta (``Replica.shared_snapshot``): a dead peer's new start."""
+        assert self.replica is not None
+        params, buffers = self.replica.shared_snapshot()
+        return params.numpy(), buffers.numpy()
+
     def drain(self) -> dict[str, Any]:
         """Events since the last call, and the counters."""
         events, self._events = self._events, []

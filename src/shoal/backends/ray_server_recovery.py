@@ -6,9 +6,11 @@ every ``DRAIN_S``); its workers see the same error on their pull or push and
 wait for a new route (ray_worker). The replacement starts from the freshest
 state that survives, in this order:
 
-1. a peer group's replica (GSSP after the split): every replica holds the
-   initial parameters plus every delivered delta, so a peer differs from the
-   dead replica only by the dead group's updates since its last exchange;
+1. a peer group's replica (GSSP after the split) without the peer's own
+   delta not yet sent (that still arrives with the peer's next exchange):
+   every replica holds the initial parameters plus every delivered delta, so
+   this differs from the dead replica only by the dead group's updates since
+   its last exchange (and deltas in flight);
 2. the newest of the last checkpoint (replica and optimizer) and the last
    state sent to the evaluator (parameters and buffers, a fresh optimizer);
 3. the initial state, when neither exists yet.
@@ -88,8 +90,14 @@ class ServerRecovery:
         self.failures.append(failure)
         self.recorder.event("server_failed", t=t, server=g, error=error, recovered_from=source["label"],
                             cutoff=failure["cutoff"])
-        server = self._server_actor(g)
-        self._replacing[server.ping.remote()] = g
+        if self.standby:  # a warm spare: re-initialised for this group, no process to start
+            server = self.standby.pop()
+            ready = server.reinit.remote(*self._server_args(g))
+            self.standby.append(self._server_actor(-1))  # refill in the background
+        else:
+            server = self._server_actor(g)
+            ready = server.ping.remote()
+        self._replacing[ready] = g
         self._replacements[g] = (server, source, failure, time.monotonic())
 
     def _collect_replacements(self) -> None:
@@ -169,7 +177,7 @@ class ServerRecovery:
 
         try:
             if "peer" in source:
-                return ray.get(self.servers[source["peer"]].state.remote(), timeout=30)
+                return ray.get(self.servers[source["peer"]].shared_state.remote(), timeout=30)
             if "state" in source:
                 return ray.get(source["state"], timeout=30)
         except ray.exceptions.RayError:

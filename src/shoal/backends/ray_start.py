@@ -38,7 +38,8 @@ class ActorSetup:
         workers = self.cfg.cluster.total_workers  # joiners (cluster.membership) need their CPUs too
         if self.collective:
             return workers * b.cpus_per_worker
-        return workers * b.cpus_per_worker + (1 + self._predicted_spares()) * b.cpus_per_server
+        servers = 1 + self._predicted_spares() + b.standby_servers
+        return workers * b.cpus_per_worker + servers * b.cpus_per_server
 
     def _predicted_spares(self) -> int:
         """Extra GSSP group servers to start early, so the split does not wait for processes to start."""
@@ -52,12 +53,16 @@ class ActorSetup:
         times = [self.profile.compute_s * speed for speed in self.speeds]
         return len(choose_groups(times, s.groups, s.group_threshold, s.max_groups, s.split_ratio)) - 1
 
-    def _server_actor(self, index: int) -> Any:
+    def _server_args(self, index: int) -> tuple[Any, ...]:
+        """What a group server for group ``index`` is built from (GroupServer.__init__)."""
         c, b = self.cfg.cluster, self.cfg.backend
         peer_link = Link(c.latency_ms / 1e3, c.server_gbps * 1e9, c.emulate)
-        args = (index, server_optimizer(self.cfg.compression, self.cfg.optimizer), 1.0 / self.n,
+        return (index, server_optimizer(self.cfg.compression, self.cfg.optimizer), 1.0 / self.n,
                 self.cfg.sync.exchange_every, peer_link, actor_threads(b.cpus_per_server), outer_step(self.cfg))
-        return self._actor(GroupServer, {"num_cpus": b.cpus_per_server, "max_concurrency": 10_000}, args)
+
+    def _server_actor(self, index: int) -> Any:
+        options = {"num_cpus": self.cfg.backend.cpus_per_server, "max_concurrency": 10_000}
+        return self._actor(GroupServer, options, self._server_args(index))
 
     def _worker_actor(self, w: int) -> Any:
         b = self.cfg.backend
@@ -117,6 +122,7 @@ class ActorSetup:
         self.servers = [self._server_actor(i) for i in range(len(policies))]
         if self.gssp is not None and not self.gssp.grouped:
             self.spares = [self._server_actor(i + 1) for i in range(self._predicted_spares())]
+        self.standby = [self._server_actor(-1) for _ in range(self.cfg.backend.standby_servers)]
         for w in range(self.n):
             self.workers[w] = self._worker_actor(w)
         self._install_servers(policies, resumed)
@@ -124,7 +130,7 @@ class ActorSetup:
             self._seek_streams(resumed.get("positions") or {})
         if self.plan is not None:
             self._start_switches()
-        self._wait_ready(self.servers + self.spares + list(self.switches.values()) + [self.evaluator])
+        self._wait_ready(self.servers + self.spares + self.standby + list(self.switches.values()) + [self.evaluator])
         self.t0 = time.time() - self.offset
         ray.get([s.set_peers.remote(self.servers, self.t0) for s in self.servers])
         for w in range(self.n):

@@ -71,6 +71,17 @@ class Replica:
             return torch.optim.SGD([self.params], lr=opt.lr, momentum=opt.momentum)
         return torch.optim.Adam([self.params], lr=opt.lr)
 
+    def shared_snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The replica without its own delta not yet sent: what every peer holds of this group's updates.
+
+        A replacement for a dead peer starts from this; the own delta still reaches it with the next
+        exchange, so nothing counts twice.
+        """
+        params, buffers = self.snapshot()
+        if self.own_params is None or self.own_buffers is None:
+            return params, buffers
+        return params - self.own_params, buffers - self.own_buffers
+
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Read-only copy of the current parameters and buffers (shared per version)."""
         if self._snapshot is None or self._snapshot[0] != self.version:
