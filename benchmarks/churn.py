@@ -90,10 +90,21 @@ class Watcher:
         return self.servers[index] if index < len(self.servers) else None
 
 
-def run(seed: int, churn: bool) -> dict[str, Any]:
-    """One `shoal train` run; with ``churn`` the membership change and the schedule above."""
+PARTS = ("kill-worker", "stop", "join", "kill-server")
+
+
+def _schedule(parts: tuple[str, ...]) -> list[tuple[float, str, tuple[str, int]]]:
+    """The part of SCHEDULE that ``parts`` names ("stop" includes its SIGCONT)."""
+    def part(action: str, kind: str) -> str:
+        return {"kill": f"kill-{kind}", "stop": "stop", "cont": "stop"}[action]
+    return [item for item in SCHEDULE if part(item[1], item[2][0]) in parts]
+
+
+def run(seed: int, churn: bool, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
+    """One `shoal train` run; with ``churn`` the membership change and the schedule above (``parts`` of it)."""
     out = Path(tempfile.mkdtemp(prefix="shoal-churn-")) / "run"
-    overrides = [*BASE, f"run.seed={seed}", *([MEMBERSHIP] if churn else [])]
+    joins = churn and "join" in parts
+    overrides = [*BASE, f"run.seed={seed}", *([MEMBERSHIP] if joins else [])]
     command = [str(ROOT / ".venv" / "bin" / "shoal"), "train", "--config", str(CONFIG), "--out", str(out)]
     for item in overrides:
         command += ["--set", item]
@@ -101,7 +112,7 @@ def run(seed: int, churn: bool) -> dict[str, Any]:
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
-    watcher, todo, done, stopped = Watcher(out / "metrics.jsonl"), list(SCHEDULE) if churn else [], [], set()
+    watcher, todo, done, stopped = Watcher(out / "metrics.jsonl"), _schedule(parts) if churn else [], [], set()
     hang = False
     try:
         while proc.poll() is None:
@@ -207,19 +218,27 @@ def markdown(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"which faults to inject (an ablation writes churn-PARTS.*): {','.join(PARTS)}")
     args = parser.parse_args()
+    parts = tuple(p for p in args.parts.split(",") if p)
+    if not set(parts) <= set(PARTS):
+        parser.error(f"--parts: choose from {','.join(PARTS)}")
     load = os.getloadavg()[0]
     runs = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for churn in (False, True):  # side by side: each seed's pair runs back to back
-            runs.append(run(seed, churn))
+            runs.append(run(seed, churn, parts))
             print(json.dumps({k: v for k, v in runs[-1].items() if k not in ("failures", "actions")}), flush=True)
     result = {**provenance(), "machine": {"cpus": os.cpu_count(), "load": round(load, 2)},
-              "schedule": [{"at_s": a, "action": b, "target": f"{k} {i}"} for a, b, (k, i) in SCHEDULE],
+              "schedule": [{"at_s": a, "action": b, "target": f"{k} {i}"} for a, b, (k, i) in _schedule(parts)],
               "membership": MEMBERSHIP, "runs": runs, "summary": summarise(runs)}
+    result["parts"] = list(parts)
+    name = "churn" if parts == PARTS else "churn-" + "+".join(parts)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "churn.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / "churn.md").write_text(markdown(result))
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown(result))
     print(markdown(result))
     sys.exit(0)
 
