@@ -192,8 +192,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"`backend.worker_timeout_s = 3`, `backend.standby_servers = 1` (both runs); "
         f"commit `{result['git_commit'][:10]}`; command: `{result['command']}`; "
         f"{result['machine']['cpus']} cores, load average before {result['machine']['load']}.", "",
-        "Schedule (run seconds): kill -9 worker 1 at 4; SIGSTOP worker 3 at 6, SIGCONT at 12; two workers join "
-        f"(1x, 4x) at {JOIN_AT_S:g}; kill -9 group server 1 at 10.", "",
+        "Schedule (run seconds): " + "; ".join(
+            [f"{a['action']} {a['target']} at {a['at_s']:g}" for a in result["schedule"]]
+            + ([f"two workers join (1x, 4x) at {JOIN_AT_S:g}"] if "join" in result["parts"] else [])) + ".", "",
         "| seed | time to target, no churn (s) | with churn (s) | ratio | failures named | gradients lost "
         "| rejoined | joiners' iterations | hang | crash |",
         "|---:|---:|---:|---:|---|---:|---|---|---|---|",
@@ -233,8 +234,8 @@ def main() -> None:
             print(json.dumps({k: v for k, v in runs[-1].items() if k not in ("failures", "actions")}), flush=True)
     result = {**provenance(), "machine": {"cpus": os.cpu_count(), "load": round(load, 2)},
               "schedule": [{"at_s": a, "action": b, "target": f"{k} {i}"} for a, b, (k, i) in _schedule(parts)],
-              "membership": MEMBERSHIP, "runs": runs, "summary": summarise(runs)}
-    result["parts"] = list(parts)
+              "membership": MEMBERSHIP if "join" in parts else None, "parts": list(parts), "runs": runs,
+              "summary": summarise(runs)}
     name = "churn" if parts == PARTS else "churn-" + "+".join(parts)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")

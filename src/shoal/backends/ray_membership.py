@@ -21,6 +21,19 @@ class Membership:
         """Every worker taking part (failed ones included, as their group's record), in id order."""
         return [w for w in range(len(self.stats)) if w not in self.departed]
 
+    def _weight(self) -> float:
+        """A gradient's weight: 1/N, N = the configured workers plus those that joined, less those that left
+        (a failure does not change it), so the update per sample stays the same when membership changes."""
+        joined = len(self.stats) - self.n - len(self._starting_joiners())
+        return 1.0 / max(1, self.n + joined - len(self.departed))
+
+    def _starting_joiners(self) -> list[int]:
+        return [w for w in self._starting.values() if w >= self.n and not self.restarts[w]]
+
+    def _reweigh(self) -> None:
+        for server in self.servers:
+            server.set_weight.remote(self._weight())
+
     def _apply_membership(self, now: float) -> None:
         """``cluster.membership`` changes that are due: joiners start (and join once ready), leavers stop."""
         while self._membership_changes and self._membership_changes[0].at_s <= now:
@@ -67,6 +80,7 @@ class Membership:
         self._evicted.pop(w, None)
         if w in self.workers:
             ray.kill(self.workers[w], no_restart=True)
+        self._reweigh()
         self.recorder.event("worker_left", t=self.now(), worker=w, group=group)
 
     def server_of(self, worker: int) -> int:

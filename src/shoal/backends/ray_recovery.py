@@ -140,7 +140,8 @@ class Recovery:
             self._launch(w)
             if self.restarts[w]:
                 self.recorder.event("worker_restarted", t=self.now(), worker=w, restarts=self.restarts[w])
-            else:  # a joiner (cluster.membership)
+            else:  # a joiner (cluster.membership): the gradients' weight follows the new N
+                self._reweigh()
                 self.recorder.event("worker_joined", t=self.now(), worker=w, group=server, speed=self.speeds[w])
 
     def _ckpt_period(self) -> float:

@@ -159,6 +159,10 @@ class GroupServer:
             raise RuntimeError("this group server does not run in-network aggregation")
         self.ina.receive(messages)
 
+    def set_weight(self, weight: float) -> None:
+        """Each gradient's weight, 1/N of the workers taking part (it changes when workers join or leave)."""
+        self.weight = weight
+
     def set_lr(self, lr: float) -> None:
         """A learning-rate decay; SIM restarts its periods."""
         assert self.replica is not None

@@ -57,7 +57,7 @@ class ActorSetup:
         """What a group server for group ``index`` is built from (GroupServer.__init__)."""
         c, b = self.cfg.cluster, self.cfg.backend
         peer_link = Link(c.latency_ms / 1e3, c.server_gbps * 1e9, c.emulate)
-        return (index, server_optimizer(self.cfg.compression, self.cfg.optimizer), 1.0 / self.n,
+        return (index, server_optimizer(self.cfg.compression, self.cfg.optimizer), self._weight(),
                 self.cfg.sync.exchange_every, peer_link, actor_threads(b.cpus_per_server), outer_step(self.cfg))
 
     def _server_actor(self, index: int) -> Any:

@@ -54,6 +54,7 @@ class SimBackend(SimMembership):
         self.speeds = list(self.profile.speeds)
         self.stragglers = StragglerModel(self.cfg.cluster.stragglers, n, self.cfg.run.seed)
         self.stats = [WorkerStats(id=w, group=0, speed=self.speeds[w]) for w in range(n)]
+        self.departed: set[int] = set()  # workers that left (cluster.membership)
         self.gssp = gssp_from_config(self.cfg.sync, n) if self.cfg.sync.scheme == "gssp" else None
         sync = self.cfg.sync
         policy = self.gssp.policy(0) if self.gssp else make_policy(sync.scheme, range(n), sync.staleness, sync.local_steps)
@@ -78,7 +79,6 @@ class SimBackend(SimMembership):
         self.bytes_exchange = 0.0
         self.stop = self.env.event()
         self.stop_reason = "time_budget"
-        self.departed: set[int] = set()  # workers that left (cluster.membership)
 
     # -- construction -----------------------------------------------------------
 
@@ -126,7 +126,7 @@ class SimBackend(SimMembership):
 
     def _make_server(self, policy: SyncPolicy, replica: Replica | None,
                      schedule: SimilaritySchedule | None = None) -> SimServer:
-        return SimServer(self.env, policy, replica, 1.0 / self.profile.workers, self.profile.server_bps,
+        return SimServer(self.env, policy, replica, self.weight(), self.profile.server_bps,
                          schedule, self.slices)
 
     def server_of(self, worker: int) -> SimServer:

@@ -6,8 +6,8 @@ the shard of worker ``id mod workers`` (its own shuffle order), its own
 codec and straggler stream, and starts at its group's slowest clock; under
 GSSP the pure policy places it (``GSSP.join``) and regroups it once
 profiled. A leaver is forgotten by its server (a BSP round it held is
-applied) and its process ends at its next step. Gradients keep the weight
-1/N of the configured workers.
+applied) and its process ends at its next step. A gradient's weight is 1/N
+of the workers taking part, so the update per sample stays the same.
 """
 
 from __future__ import annotations
@@ -24,6 +24,14 @@ from shoal.engine.metrics import WorkerStats
 
 class SimMembership:
     """Carries out ``cluster.membership`` on the virtual clock."""
+
+    def weight(self) -> float:
+        """A gradient's weight: 1/N of the workers taking part (configured + joined - left)."""
+        return 1.0 / max(1, len(self.stats) - len(self.departed))
+
+    def _reweigh(self) -> None:
+        for server in self.servers:
+            server.weight = self.weight()
 
     def _membership(self) -> Iterator[simpy.Event]:
         speeds = iter(self.cfg.cluster.joiner_speeds())
@@ -56,6 +64,7 @@ class SimMembership:
         self.stats.append(WorkerStats(id=w, group=group, speed=speed))
         self.force_pull.add(w)  # SIM, local SGD: the joiner takes its group's whole replica first
         self.env.process(self._worker(w))
+        self._reweigh()
         self.recorder.event("worker_joined", t=self.env.now, worker=w, group=group, speed=speed)
         return w
 
@@ -65,4 +74,5 @@ class SimMembership:
             self.servers[self.gssp.leave(w)].wake_all()
         else:
             self.servers[0].remove(w)
+        self._reweigh()
         self.recorder.event("worker_left", t=self.env.now, worker=w)
