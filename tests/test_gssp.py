@@ -65,19 +65,19 @@ def test_regroup_moves_a_worker_that_slowed_down():
     assert 0 in p.policy(1).clocks and 0 not in p.policy(0).clocks
 
 
-def test_a_joiner_trains_in_the_slowest_group_until_profiled_then_moves_to_its_speed():
+def test_a_joiner_trains_in_the_fastest_group_until_profiled_then_moves_to_its_speed():
     p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=4, regroup_patience=1)
     _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=2)
     p.initial_split()
-    assert p.join(4) == 1 and p.groups == [[0, 1], [2, 3, 4]]  # unknown speed: the slowest group
-    assert 4 in p.policy(1).clocks
-    p.observe(4, 0.1)
+    assert p.join(4) == 0 and p.groups == [[0, 1, 4], [2, 3]]  # unknown speed: the fastest group
+    assert 4 in p.policy(0).clocks
+    p.observe(4, 0.8)
     assert p.check_regroup() == []  # not profiled yet: nobody moves on a guess
-    p.observe(4, 0.1)
+    p.observe(4, 0.8)
     for w, t in enumerate([0.1, 0.1, 0.8, 0.8]):
         p.observe(w, t)
-    assert [(m.worker, m.old, m.new) for m in p.check_regroup()] == [(4, 1, 0)]
-    assert p.groups == [[0, 1, 4], [2, 3]]
+    assert [(m.worker, m.old, m.new) for m in p.check_regroup()] == [(4, 0, 1)]  # slow: to the slow group
+    assert p.groups == [[0, 1], [2, 3, 4]]
     with pytest.raises(ValueError, match="next id"):
         p.join(7)
 

@@ -46,7 +46,7 @@ class Membership:
     def _join(self, speed: float) -> None:
         """Start a new worker actor (the next id); ``_collect_started`` admits it to its group once it answers."""
         w = len(self.stats)
-        group = self.gssp.join(w) if self.gssp is not None else 0  # GSSP: the slowest group until profiled
+        group = self.gssp.join(w) if self.gssp is not None else 0  # GSSP: the fastest group until profiled
         self.speeds.append(speed)
         self.stats.append(WorkerStats(id=w, group=group, speed=speed))
         self.restarts.append(0)

@@ -12,7 +12,7 @@ starts from a copy of that single replica (so no delta is in flight at the
 split). Later regroups move workers between the existing group servers; the
 number of servers stays what the first grouping chose.
 
-Membership may change (``join``, ``leave``): a joiner trains in the slowest
+Membership may change (``join``, ``leave``): a joiner trains in the fastest
 group until it is profiled, then the next regroup places it by its speed.
 """
 
@@ -111,9 +111,14 @@ class GSSP:
         """Admit a new worker (the next id); returns its server.
 
         Before the split it joins the one group (and the split waits for its
-        profile). After it, it trains in the slowest active group: a joiner of
-        unknown speed there slows nobody faster than itself; once profiled,
-        the next regroup moves it to the group of its speed.
+        profile). After it, it trains in the fastest active group until
+        profiled, then the next regroup moves it to the group of its speed.
+        Not the slowest: a slow group applies a small share of all updates, so
+        under global momentum each of its updates is a large step
+        (``Replica.set_update_share``); a fast joiner there turns those into
+        many large steps, and training collapsed (benchmarks/churn.py on ray).
+        In the fastest group a slow joiner holds its group back for at most its
+        profiling iterations (the SSP bound).
         """
         if worker != len(self.profiler.count):
             raise ValueError(f"joiners take the next id ({len(self.profiler.count)}), not {worker}")
@@ -123,7 +128,7 @@ class GSSP:
         if self.grouped:
             times = self.profiler.times()
             active = [s for s, g in enumerate(self.groups) if g]
-            server = max(active, key=lambda s: float(np.median([times[w] for w in self.groups[s]])))
+            server = min(active, key=lambda s: float(np.median([times[w] for w in self.groups[s]])))
         self.policies[server].add(worker)
         self.server_of[worker] = server
         self.groups[server] = sorted(self.policies[server].clocks)
