@@ -256,3 +256,13 @@ def test_an_internal_error_mid_run_still_writes_the_summary_and_the_end_event(fa
     error = next(e for e in events if e["event"] == "internal_error")
     assert "Traceback" in error["traceback"] and "flaky" in error["traceback"]
     assert events[-1]["event"] == "end" and events[-1]["reason"] == "internal_error"
+
+
+@pytest.mark.parametrize("membership, n", [("[{at_s=0.5, add=1}]", 3), ("[{at_s=0.5, add=1}, {at_s=1, remove=[0]}]", 2)])
+def test_a_gradients_weight_follows_the_workers_taking_part(fast_config, membership, n):
+    """1/N with N = configured + joined - left, so the update per sample stays the same as membership changes."""
+    cfg = fast_config("cluster.workers=2", "sync.scheme=asp", "run.max_time_s=1.5", "run.stop_at_target=false",
+                      f"cluster.membership={membership}")
+    backend = SimBackend(build_setup(cfg), RunRecorder())
+    backend.run()
+    assert backend.servers[0].weight == pytest.approx(1 / n)

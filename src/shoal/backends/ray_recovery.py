@@ -14,7 +14,7 @@ from dataclasses import asdict
 from typing import Any
 
 from shoal.backends import checkpoint
-from shoal.backends.ray_wire import first_line
+from shoal.backends.ray_wire import answered, first_line
 from shoal.engine.metrics import WorkerStats
 
 
@@ -61,11 +61,10 @@ class Recovery:
         """Evicted workers that answered their drain at last: back into their group, from its replica."""
         import ray
 
-        if not self._evicted or self.stop_reason is not None:
+        if self.stop_reason is not None:
             return
         drains = {drain: w for w, (drain, _) in self._evicted.items()}
-        ready, _ = ray.wait(list(drains), num_returns=len(drains), timeout=0)
-        for ref in ready:
+        for ref in answered(drains):
             w = drains[ref]
             _, runs = self._evicted.pop(w)
             try:
@@ -77,16 +76,22 @@ class Recovery:
             self.dead.discard(w)
             self.epoch += 1
             server = self.server_of(w)
-            try:
-                ray.get(self.servers[server].add_worker.remote(w, self.epoch))
-            except ray.exceptions.ActorDiedError:  # its server died: the replacement's policy counts it
-                self._check_servers()
+            self._admit(server, w)
             self.alive.add(w)
             self._run_refs.update({run: w for run in runs})
             self.workers[w].set_route.remote(self.epoch, server, self.servers[server])  # its pending call: MOVED
             failure = next(f for f in reversed(self.failures) if f.get("worker") == w)
             failure["rejoined_t"] = t = round(self.now(), 6)
             self.recorder.event("worker_rejoined", t=t, worker=w, group=server)
+
+    def _admit(self, server: int, w: int) -> None:
+        """``server`` counts ``w`` again (at its slowest clock); if it died, its replacement's policy will."""
+        import ray
+
+        try:
+            ray.get(self.servers[server].add_worker.remote(w, self.epoch))
+        except ray.exceptions.ActorDiedError:
+            self._check_servers()
 
     def _fail(self, w: int, error: str, keep: bool = False) -> bool:
         """Remove a failed worker from its server's gating (nobody waits for it), then restart or drop it.
@@ -125,18 +130,15 @@ class Recovery:
         return False
 
     def _collect_started(self) -> None:
-        """Restarted workers that are ready rejoin their group's server (at its slowest clock)."""
+        """Restarted workers and joiners that are ready join their group's server (at its slowest clock)."""
         import ray
 
-        if not self._starting:
-            return
-        ready, _ = ray.wait(list(self._starting), num_returns=len(self._starting), timeout=0)
-        for ref in ready:
+        for ref in answered(self._starting):
             w = self._starting.pop(ref)
             self.pids[w] = ray.get(ref)["pid"]
             self.epoch += 1
             server = self.server_of(w)
-            ray.get(self.servers[server].add_worker.remote(w, self.epoch))
+            self._admit(server, w)
             self._launch(w)
             if self.restarts[w]:
                 self.recorder.event("worker_restarted", t=self.now(), worker=w, restarts=self.restarts[w])

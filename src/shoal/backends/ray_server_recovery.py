@@ -29,7 +29,7 @@ from typing import Any
 
 from shoal.backends import checkpoint
 from shoal.backends.local_model import aggregation_schedule
-from shoal.backends.ray_wire import first_line
+from shoal.backends.ray_wire import answered, first_line
 from shoal.compress.codec import exchange_codec
 
 class ServerRecovery:
@@ -104,10 +104,7 @@ class ServerRecovery:
         """Replacement servers that answered: install their state, then route their group to them."""
         import ray
 
-        if not self._replacing:
-            return
-        ready, _ = ray.wait(list(self._replacing), num_returns=len(self._replacing), timeout=0)
-        for ref in ready:
+        for ref in answered(self._replacing):
             g = self._replacing.pop(ref)
             server, source, failure, started = self._replacements.pop(g)
             self._install_replacement(g, server, source)

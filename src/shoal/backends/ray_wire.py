@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,3 +77,12 @@ def first_line(err: BaseException) -> str:
         if "Error" in line or "error" in line or "died" in line:
             return line.strip()[:300]
     return (text.splitlines()[0] if text else type(err).__name__)[:300]
+
+
+def answered(pending: dict[Any, Any]) -> list[Any]:
+    """The object references (keys of ``pending``) whose calls have answered, without waiting."""
+    import ray
+
+    if not pending:
+        return []
+    return ray.wait(list(pending), num_returns=len(pending), timeout=0)[0]
