@@ -17,7 +17,7 @@ their ratio (the bar: at most 1.5x), hangs (a run that outlived its time
 budget by a minute), crashes (a non-zero exit or no summary.json), the
 failures the summary names and the gradients the dead server took with it.
 
-Usage: .venv/bin/python benchmarks/churn.py [--seeds 3]
+Usage: .venv/bin/python benchmarks/churn.py [--seeds 5] [--parts kill-worker,stop,join,kill-server] [--render]
 Writes benchmarks/results/churn.{json,md}.
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -180,6 +181,15 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _median_interval(values: list[float], draws: int = 10_000) -> tuple[float | None, float | None]:
+    """A 90% bootstrap interval of the median (seeded, so the table repeats)."""
+    if not values:
+        return None, None
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return round(medians[int(0.05 * draws)], 3), round(medians[int(0.95 * draws) - 1], 3)
+
+
 def _seconds(value: float | None) -> str:
     return "not reached" if value is None else f"{value:.1f}"
 
@@ -209,8 +219,10 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {r['seed']} | {_seconds(a)} | {_seconds(b)} | {ratio} | {named or '-'} "
                      f"| {r.get('gradients_lost')} | {r.get('rejoined')} | {r.get('joiner_iterations')} "
                      f"| {'yes' if r['hang'] else 'no'} | {'yes' if r['crash'] else 'no'} |")
+    low, high = _median_interval(s["ratios"])
     lines += ["", f"Medians: {s['median_time_to_target_calm_s']} s without churn, {s['median_time_to_target_churn_s']} s "
-              f"with churn; ratio median {s['median_ratio']}, max {s['max_ratio']} (bar: 1.5). "
+              f"with churn; ratio median {s['median_ratio']} (90% bootstrap interval {low}..{high}), "
+              f"max {s['max_ratio']} (bar: 1.5). "
               f"Hangs {s['hangs']}, crashes {s['crashes']} over {len(result['runs'])} runs; "
               f"target reached {s['reached_churn']}/{len(calm)} with churn, {s['reached_calm']}/{len(calm)} without.", ""]
     return "\n".join(lines)
@@ -218,7 +230,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--render", action="store_true", help="re-write the .md from the existing .json (no runs)")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"which faults to inject (an ablation writes churn-PARTS.*): {','.join(PARTS)}")
@@ -226,6 +239,10 @@ def main() -> None:
     parts = tuple(p for p in args.parts.split(",") if p)
     if not set(parts) <= set(PARTS):
         parser.error(f"--parts: choose from {','.join(PARTS)}")
+    name = "churn" if parts == PARTS else "churn-" + "+".join(parts)
+    if args.render:
+        (RESULTS / f"{name}.md").write_text(markdown(json.loads((RESULTS / f"{name}.json").read_text())))
+        return
     load = os.getloadavg()[0]
     runs = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
@@ -236,7 +253,6 @@ def main() -> None:
               "schedule": [{"at_s": a, "action": b, "target": f"{k} {i}"} for a, b, (k, i) in _schedule(parts)],
               "membership": MEMBERSHIP if "join" in parts else None, "parts": list(parts), "runs": runs,
               "summary": summarise(runs)}
-    name = "churn" if parts == PARTS else "churn-" + "+".join(parts)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown(result))
