@@ -727,6 +727,29 @@ def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one_in_force(tmp
     assert torch.equal(loaded.params, replica.params)
 
 
+def test_an_address_where_nothing_listens_fails_in_seconds_with_one_line_and_leaves_nothing(tmp_path):
+    out = tmp_path / "r"
+    cmd = [str(Path(sys.executable).parent / "shoal"), "train", "--backend", "ray", "--out", str(out), "-q",
+           "--set", "backend.address=127.0.0.1:9", "--set", "data.name=digits", "--set", "model.name=mlp"]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and time.monotonic() - start < 30
+    [line] = proc.stderr.strip().splitlines()
+    assert "backend.address '127.0.0.1:9': nothing answers at 127.0.0.1:9" in line
+    assert not out.exists()
+
+
+def test_a_joined_cluster_gets_time_to_grow_then_a_too_small_one_is_refused():
+    from shoal.backends.ray_start import wait_for_cpus
+
+    now = [0.0]
+    clock, sleep = (lambda: now[0]), (lambda s: now.__setitem__(0, now[0] + s))
+    grows = iter([2.0, 2.0, 6.0, 9.0])
+    assert wait_for_cpus(8, lambda: next(grows), timeout_s=20, clock=clock, sleep=sleep) == 9.0 and now[0] == 3.0
+    now[0] = 0.0
+    assert wait_for_cpus(8, lambda: 4.0, timeout_s=20, clock=clock, sleep=sleep) == 4.0 and now[0] == 20.0
+
+
 # -- the CLI: Ctrl-C writes the summary and leaves no process behind ------------------------------
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -151,10 +152,29 @@ def plugin_folders(cfg: Config) -> list[str]:
     return sorted({str(Path(f).parent) for f in files if f.endswith(".py")})
 
 
+def probe_address(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, with one line, when nothing listens at a ``host:port`` cluster address.
+
+    Ray itself retries an unreachable address for a minute or more before it gives up. "auto" and
+    addresses without a port are left to Ray.
+    """
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ConfigError(f"backend.address {address!r}: nothing answers at {host}:{port} ({reason}); "
+                          f"start the cluster (ray start --head) or fix the address") from None
+
+
 def _join_cluster(address: str, plugin_dirs: list[str]) -> None:
     """Join a cluster; the folders of the run's plug-in files travel to every node (Ray ``py_modules``)."""
     import ray
 
+    probe_address(address)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     runtime_env = {"py_modules": plugin_dirs} if plugin_dirs else None
     try:

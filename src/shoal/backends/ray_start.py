@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,6 +29,18 @@ from shoal.sync.policies import SSP
 
 
 STARTUP_TIMEOUT_S = 300.0
+CLUSTER_GROW_S = 20.0  # how long a joined cluster may take to offer the CPUs a run requests (autoscaling)
+
+
+def wait_for_cpus(needed: float, cpus: Callable[[], float], timeout_s: float, poll_s: float = 1.0,
+                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> float:
+    """The cluster's CPUs once they reach ``needed``, or what it has after ``timeout_s`` (then too few)."""
+    deadline = clock() + timeout_s
+    have = cpus()
+    while have < needed - 1e-9 and clock() < deadline:
+        sleep(poll_s)
+        have = cpus()
+    return have
 
 
 class ActorSetup:
@@ -103,9 +116,17 @@ class ActorSetup:
             raise ConfigError(f"backend.gpus_per_worker: {self.n} workers need {gpus:g} GPUs, "
                               f"the Ray cluster has {total.get('GPU', 0.0):g}")
         cpus = self._cpus_needed()
-        if not self.cfg.backend.address and total.get("CPU", 0.0) < cpus - 1e-9:  # a joined cluster may autoscale
-            raise ConfigError(f"backend.cpus_per_worker / cpus_per_server: the actors request {cpus:g} CPUs, "
-                              f"this Ray instance has {total.get('CPU', 0.0):g}; request fractions of a CPU")
+        if not self.cfg.backend.address:
+            if total.get("CPU", 0.0) < cpus - 1e-9:
+                raise ConfigError(f"backend.cpus_per_worker / cpus_per_server: the actors request {cpus:g} CPUs, "
+                                  f"this Ray instance has {total.get('CPU', 0.0):g}; request fractions of a CPU")
+            return
+        self._status(f"waiting for {cpus:g} CPUs on the Ray cluster")
+        have = wait_for_cpus(cpus, lambda: ray.cluster_resources().get("CPU", 0.0), CLUSTER_GROW_S)
+        if have < cpus - 1e-9:  # a joined cluster may autoscale: it had CLUSTER_GROW_S to grow
+            raise ConfigError(f"backend.address {self.cfg.backend.address!r}: the actors request {cpus:g} CPUs, the "
+                              f"Ray cluster has {have:g} after {CLUSTER_GROW_S:.0f} s; add nodes or request fractions "
+                              f"of a CPU (backend.cpus_per_worker, cpus_per_server)")
 
     def _start(self) -> None:
         """Create the actors (from the initial state or a checkpoint) and wait until all are ready."""
