@@ -107,7 +107,13 @@ class ServerRecovery:
         for ref in answered(self._replacing):
             g = self._replacing.pop(ref)
             server, source, failure, started = self._replacements.pop(g)
-            self._install_replacement(g, server, source)
+            try:
+                self._install_replacement(g, server, source)
+            except ray.exceptions.RayActorError:  # the replacement (a standby) died too: start a fresh process
+                server = self._server_actor(g)
+                self._replacing[server.ping.remote()] = g
+                self._replacements[g] = (server, source, failure, started)
+                continue
             failure["recovered_from"] = source["label"]
             self.servers[g] = server
             ray.get([s.set_peers.remote(self.servers, self.t0) for s in self.servers])
