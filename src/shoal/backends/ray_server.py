@@ -229,10 +229,11 @@ class GroupServer:
                 "nbytes": 4 * (values.size + buffer_values)}
 
     async def push(self, worker: int, pulled_version: int | None, grad: np.ndarray | None,
-                   buffer_delta: np.ndarray, sim: dict[str, Any] | None = None) -> dict[str, Any]:
+                   buffer_delta: np.ndarray, sim: dict[str, Any] | None = None, then_pull: bool = False) -> dict[str, Any]:
         """Take a gradient (None: it came through the data plane); apply what the policy releases; send the own
         delta when due (GSSP). With SIM, ``grad`` holds the packed gradient tensors and ``sim`` the packed local
-        changes, both masks and the SIM clock."""
+        changes, both masks and the SIM clock. ``then_pull``: also wait at the gate for the worker's next
+        iteration and hand out the parameters under ``"next"`` (as ``pull`` does), in the same call."""
         if self.stopping:
             return {"status": STOP}
         assert self.policy is not None
@@ -255,7 +256,10 @@ class GroupServer:
         self._wake()
         if batch and self._exchange_due():
             self._exchange()
-        return {"status": OK, "clock": clock, "staleness": staleness}
+        reply = {"status": OK, "clock": clock, "staleness": staleness}
+        if then_pull:
+            reply["next"] = await self.pull(worker)
+        return reply
 
     async def _gate(self, worker: int) -> str:
         loop = asyncio.get_running_loop()

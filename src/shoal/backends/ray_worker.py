@@ -26,7 +26,7 @@ import torch
 from shoal.backends.local_model import LocalModel, uses_local_models
 from shoal.backends.ray_switch import WorkerSide
 from shoal.backends.ray_wire import (
-    MOVED, STOP, Link, actor_device, actor_threads, as_tensor, pack, quiet_readonly_numpy, unpack,
+    MOVED, OK, STOP, Link, actor_device, actor_threads, as_tensor, pack, quiet_readonly_numpy, unpack,
 )
 from shoal.cluster import StragglerModel
 from shoal.compress import GradientCodec
@@ -90,6 +90,7 @@ class Worker:
         self._records: list[dict[str, Any]] = []
         self.server_losses = 0  # calls lost to a server that died (a replacement's route followed)
         self._push_estimate = 0.0
+        self._next: tuple[Route, dict[str, Any], float, float] | None = None  # a pull that came with the last push
         self.push_link = self.link
         self.ina: WorkerSide | None = None
         self.t0 = 0.0
@@ -293,9 +294,17 @@ class Worker:
             return codec.encode(vector, self.density, send)
         return vector, 4 * sum(sl.stop - sl.start for sl, take in zip(self.slices, send) if take)
 
+    def _combined(self) -> bool:
+        """Push and the next pull in one call: whenever the pull is the plain parameter vector (not SIM's or
+        local SGD's partial one, not through in-network aggregation)."""
+        return self.cfg.backend.combined_pull and self.local is None and self.ina is None
+
     async def _push(self, route: Route, version: int, grad: np.ndarray | None, delta: np.ndarray,
                     nbytes: int, sim: dict[str, Any] | None = None) -> tuple[dict[str, Any], float, float] | None:
-        """Upload (link-padded), re-sending to the new server if this worker moved; (reply, wait_s, comm_s)."""
+        """Upload (link-padded), re-sending to the new server if this worker moved; (reply, wait_s, comm_s).
+
+        With ``_combined`` the reply also carries the next iteration's pull, kept in ``self._next``.
+        """
         pad = self.push_link.seconds(nbytes) - self._push_estimate
         comm = max(pad, 0.0)
         if pad > 0:
@@ -308,20 +317,32 @@ class Worker:
             grad = None
         moved_away = False  # staleness is only defined on the server (the process) it pulled from
 
+        combined = self._combined()
+
         def push(target: Route) -> Any:
             nonlocal moved_away
             moved_away = moved_away or target.handle._actor_id != route.handle._actor_id
-            return target.handle.push.remote(self.w, None if moved_away else version, grad, delta, sim)
+            return target.handle.push.remote(self.w, None if moved_away else version, grad, delta, sim, combined)
 
         answered = await self._routed(push)
         if answered is None:
             return None
-        _, reply, moved_s, elapsed = answered
+        target, reply, moved_s, elapsed = answered
+        ahead = reply.pop("next", None)
+        if ahead is not None:  # the next pull came with this push: split its gate wait out of the call's time
+            elapsed -= ahead["wait_s"]
+            if ahead["status"] == OK:
+                pad = self.link.seconds(ahead.get("nbytes", self.download_bytes))
+                if pad > 0:
+                    await asyncio.sleep(pad)
+                self._next = (target, ahead, ahead["wait_s"], pad)
+            elif ahead["status"] == STOP:
+                self._stopping = True
         self._push_estimate = 0.8 * self._push_estimate + 0.2 * elapsed
         return reply, moved_s, comm + elapsed
 
     async def _iteration(self) -> bool:
-        pulled = await self._pull()
+        pulled, self._next = self._next or await self._pull(), None
         if pulled is None:
             return False
         route, reply, waited, pull_s = pulled
