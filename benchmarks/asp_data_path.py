@@ -48,6 +48,8 @@ def run(combined: bool, iterations: int) -> dict[str, Any]:
         seen[r["worker"]] = seen.get(r["worker"], 0) + 1
         if seen[r["worker"]] > WARMUP:
             kept.append(r)
+    if not kept:  # the start-up run
+        return {"records": 0}
     return {"comm_ms": round(1e3 * statistics.median(r["comm_s"] for r in kept), 2),
             "iteration_ms": round(1e3 * statistics.median(r["comm_s"] + r["compute_s"] + r["wait_s"] for r in kept), 2),
             "records": len(kept)}
