@@ -20,7 +20,7 @@ import os
 import statistics
 from typing import Any
 
-from tuned import RESULTS, provenance
+from tuned import provenance, write_results
 
 WORKERS = 4
 WARMUP = 5  # per worker
@@ -89,10 +89,7 @@ def main() -> None:
                      f"{', '.join(str(r[name]['comm_ms']) for r in reps)} |")
     lines += ["", f"One call / two calls: {ratio:.2f}x communication (the collectives issue asks for 0.5x from a "
               "sharded server; benchmarks/results/server_sharding.md shows why sharding does not get there here).", ""]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "asp_data_path.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / "asp_data_path.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    write_results("asp_data_path", result, "\n".join(lines))
 
 
 if __name__ == "__main__":

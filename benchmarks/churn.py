@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuned import RESULTS, ROOT, provenance
+from tuned import RESULTS, ROOT, provenance, write_results
 
 CONFIG = ROOT / "examples" / "mnist_tiers.toml"
 TARGET = 0.94
@@ -253,10 +253,7 @@ def main() -> None:
               "schedule": [{"at_s": a, "action": b, "target": f"{k} {i}"} for a, b, (k, i) in _schedule(parts)],
               "membership": MEMBERSHIP if "join" in parts else None, "parts": list(parts), "runs": runs,
               "summary": summarise(runs)}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / f"{name}.md").write_text(markdown(result))
-    print(markdown(result))
+    write_results(name, result, markdown(result))
     sys.exit(0)
 
 

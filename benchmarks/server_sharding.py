@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import time
@@ -29,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tuned import RESULTS, provenance
+from tuned import provenance, write_results
 
 PARAMS = 1_863_690  # the MLP [1024, 1024] on 28 x 28 inputs, 10 classes
 WORKERS = 4
@@ -125,10 +124,7 @@ def main() -> None:
     lines += ["", "The issue's bar is 0.5x (at least 2x lower). One combined call saves a round trip; more shards "
               "add calls and processes that compete for the same cores, so on this machine they cost more than "
               "they split.", ""]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "server_sharding.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / "server_sharding.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    write_results("server_sharding", result, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,14 @@ def provenance() -> dict[str, Any]:
             "command": " ".join([".venv/bin/python", *[a if " " not in a else repr(a) for a in sys.argv]])}
 
 
+def write_results(name: str, result: dict[str, Any], markdown: str) -> None:
+    """benchmarks/results/NAME.json (with its provenance inside) and NAME.md, and the table on stdout."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown)
+    print(markdown)
+
+
 @functools.cache
 def source_hash() -> str:
     """A hash of the package's source: recorded with every cached run, so a reader sees which code made it."""

@@ -44,8 +44,13 @@ def worker_shard(cfg: Config, worker: int, x: np.ndarray, y: np.ndarray,
     return shard, BatchStream(shard, np.arange(len(y)), cfg.data.batch_size, cfg.run.seed, worker)
 
 
+def _state_text(state: torch.Tensor) -> str:
+    """A generator state (torch's uint8 tensor) as base64 text, for run.json."""
+    return b64encode(state.numpy().tobytes()).decode()
+
+
 def _bytes_tensor(text: str) -> torch.Tensor:
-    """A generator state saved as base64 text, as the uint8 tensor torch takes."""
+    """A generator state saved by ``_state_text``, as the uint8 tensor torch takes."""
     return torch.frombuffer(bytearray(b64decode(text)), dtype=torch.uint8)
 
 
@@ -88,7 +93,6 @@ class Worker:
         self._stopping = False
         self._fail_next = False
         self._records: list[dict[str, Any]] = []
-        self.server_losses = 0  # calls lost to a server that died (a replacement's route followed)
         self._push_estimate = 0.0
         self._next: tuple[Route, dict[str, Any], float, float] | None = None  # a pull that came with the last push
         self.push_link = self.link
@@ -152,9 +156,9 @@ class Worker:
     def position(self) -> dict[str, Any]:
         """Where this worker's data stream and random generators stand (checkpointed; a resume seeks here)."""
         codec_rng = self._codec_generator()
-        return {**self.stream.position(), "torch_rng": b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+        return {**self.stream.position(), "torch_rng": _state_text(torch.get_rng_state()),
                 "stragglers": self.stragglers.state(self.w),
-                "codec_rng": None if codec_rng is None else b64encode(codec_rng.get_state().numpy().tobytes()).decode()}
+                "codec_rng": None if codec_rng is None else _state_text(codec_rng.get_state())}
 
     def seek(self, position: dict[str, Any]) -> dict[str, Any]:
         """Continue from a checkpointed ``position()`` (before the loop starts); returns the position now."""
@@ -231,7 +235,6 @@ class Worker:
             try:
                 reply = await call(route)
             except ray.exceptions.RayActorError:  # the server died: the driver replaces it and sends a new route
-                self.server_losses += 1
                 await self._await_route(route.epoch)
                 moved_s += time.perf_counter() - start
                 continue

@@ -51,11 +51,6 @@ class IterationProfiler:
         self._estimate.append(0.0)
         return len(self.count) - 1
 
-    @property
-    def ready(self) -> bool:
-        """Every worker has finished its profiling iterations."""
-        return min(self.count) >= self.warmup
-
     def profiled(self, worker: int) -> bool:
         return self.count[worker] >= self.warmup
 
