@@ -238,6 +238,7 @@ class SyncConfig(Section):
     group_momentum: Literal["server", "global"] = Field("global", description="GSSP with SGD momentum: server = each group server's own momentum, as the paper (collapses when groups are small and slow); global = each group server decays its momentum on the clock of all updates, so momentum acts per sample as on one server.")
     exchange_every: int = Field(4, ge=1, description="GSSP: a group server sends its own delta to its peers every this many local updates.")
     profile_iterations: int = Field(3, ge=1, description="GSSP: iterations per worker measured before the first grouping.")
+    profile_confirm: int = Field(12, ge=0, description="GSSP (with transient_factor > 0): a worker whose profile is over split_ratio times the fastest is split off by the first grouping only once its last this many iterations were all that slow (a slow spell at the start does not split a uniform cluster; at most profile_window iterations); nobody waits for it meanwhile.")
     profile_window: int = Field(20, ge=1, description="GSSP: a worker's speed is the 20th percentile of its last this many iteration times.")
     regroup: bool = Field(True, description="GSSP: move workers when their observed speed drifts.")
     regroup_margin: float = Field(0.05, ge=0, le=1, description="GSSP: how much better (in fit) a new grouping must be to move workers.")

@@ -44,6 +44,11 @@ class IterationProfiler:
         self._recent[worker].append(seconds)
         self._estimate[worker] = float(np.quantile(self._recent[worker], self.quantile))
 
+    def least_recent(self, worker: int, n: int) -> float:
+        """The fastest of ``worker``'s last ``n`` iterations (at most the window)."""
+        recent = self._recent[worker]
+        return min(list(recent)[-n:]) if recent else float("inf")
+
     def add(self) -> int:
         """Profile one more worker (a joiner); returns its id."""
         self.count.append(0)

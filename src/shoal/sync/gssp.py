@@ -58,11 +58,13 @@ class GSSP:
         split_ratio: float = 1.0,
         regroup_cooldown_s: float = 0.0,
         transient_factor: float = 0.0,
+        profile_confirm: int = 0,
     ) -> None:
         self.workers, self.staleness, self.exchange_every = workers, staleness, exchange_every
         self.groups_setting, self.threshold, self.max_groups = groups, threshold, max_groups
         self.split_ratio = split_ratio
         self.transient_factor = transient_factor
+        self.profile_confirm = profile_confirm
         self.profiler = IterationProfiler(workers, warmup=profile_iterations, window=profile_window)
         self.regrouper = Regrouper(groups, threshold, max_groups, regroup_margin, regroup_patience, split_ratio,
                                    regroup_cooldown_s) if regroup else None
@@ -83,19 +85,53 @@ class GSSP:
     def observe(self, worker: int, iteration_s: float) -> bool | None:
         """Record one iteration time (compute + communication) of ``worker``.
 
-        After the split, an iteration over ``transient_factor`` times the
-        worker's profiled speed marks a transient straggler: its group stops
-        waiting for it (``SyncPolicy.excuse``) until an iteration at its usual
-        speed readmits it. Returns True (excused), False (readmitted) or None
-        (no change), so the backend can release waiters or tell the server.
+        An iteration over ``transient_factor`` times the worker's reference
+        speed marks a transient straggler: its group stops waiting for it
+        (``SyncPolicy.excuse``) until an iteration at that speed readmits it.
+        The reference is the worker's own profiled speed after the split, and
+        the fastest profiled worker's before it (a worker's own profile is
+        not known yet then): so while the split waits for slow-looking workers
+        to confirm their speed (``profile_confirm``), nobody waits for them.
+        Returns True (excused), False (readmitted) or None (no change), so the
+        backend can release waiters or tell the server.
         """
         self.profiler.observe(worker, iteration_s)
-        if not self.transient_factor or not self.grouped or worker not in self.present:
+        if not self.transient_factor or worker not in self.present:
             return None
         policy = self.policies[self.server_of[worker]]
-        if iteration_s > self.transient_factor * self.profiler.times()[worker]:
+        factor = self.transient_factor if self.grouped else min(self.transient_factor, self.split_ratio)
+        if iteration_s > factor * self._reference(worker):
             return True if policy.excuse(worker) else None
         return False if policy.readmit(worker) else None
+
+    def _reference(self, worker: int) -> float:
+        """The speed ``worker`` is compared with to tell a transient straggler (see ``observe``)."""
+        times = self.profiler.times()
+        if self.grouped:
+            return times[worker]
+        return min(times[w] for w in self.present if self.profiler.count[w])
+
+    def _ready(self, worker: int) -> bool:
+        """Profiled enough for the first grouping.
+
+        Telling a slow spell from a slow worker takes as long as the spell.
+        A worker whose profile is over ``split_ratio`` times the fastest (slow
+        enough to be split off) is split off only once its last
+        ``profile_confirm`` iterations were all that slow; while any of them
+        was fast it is measured on (its running low quantile forgets a spell
+        that ended), at most for ``profile_window`` iterations. Its slow
+        iterations are excused meanwhile (``observe``), so the wait costs the
+        others little.
+        """
+        profiler = self.profiler
+        if not profiler.profiled(worker):
+            return False
+        if not self.transient_factor or profiler.count[worker] >= profiler.window:
+            return True
+        limit = self.split_ratio * self._reference(worker)
+        if profiler.times()[worker] <= limit:
+            return True
+        return profiler.count[worker] >= self.profile_confirm and profiler.least_recent(worker, self.profile_confirm) > limit
 
     def local_update(self, server: int) -> bool:
         """Count one update applied at ``server``; True when it should send its delta to peers."""
@@ -143,14 +179,22 @@ class GSSP:
         return server
 
     def _present_times(self) -> tuple[list[int], list[float]]:
-        """The present workers' ids and profiled times (the grouping sees nobody who left)."""
+        """The present workers' ids and the times grouping sees (nobody who left).
+
+        With ``transient_factor`` a worker also counts as fast as the fastest
+        of its last ``profile_confirm`` iterations: it moves to a slower group
+        only once that many in a row were slow, not on a burst of spells that
+        fills most of the window (speed-ups show after one fast iteration).
+        """
         ids = sorted(self.present)
         times = self.profiler.times()
+        if self.transient_factor and self.profile_confirm:
+            return ids, [min(times[w], self.profiler.least_recent(w, self.profile_confirm)) for w in ids]
         return ids, [times[w] for w in ids]
 
     def initial_split(self) -> Groups | None:
         """The first grouping, once every present worker has been profiled (None: not yet, or already)."""
-        if self.grouped or not all(self.profiler.profiled(w) for w in self.present):
+        if self.grouped or not all(self._ready(w) for w in self.present):
             return None
         self.grouped = True
         ids, times = self._present_times()
@@ -237,5 +281,5 @@ def gssp_from_config(sync: SyncConfig, workers: int) -> GSSP:
         max_groups=sync.max_groups, profile_iterations=sync.profile_iterations, profile_window=sync.profile_window,
         regroup=sync.regroup, regroup_margin=sync.regroup_margin, regroup_patience=sync.regroup_patience,
         split_ratio=sync.split_ratio, regroup_cooldown_s=sync.regroup_cooldown_s,
-        transient_factor=sync.transient_factor,
+        transient_factor=sync.transient_factor, profile_confirm=sync.profile_confirm,
     )
