@@ -314,6 +314,16 @@ def test_transient_stragglers_do_not_cause_regrouping(fast_config, tmp_path):
     assert summary["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_uniform_cluster_with_slow_spells_keeps_one_group(fast_config, tmp_path, seed):
+    """16 equal workers, 4x spells of 5 iterations: some worker is in a spell when profiled on most seeds."""
+    cfg = fast_config("sync.scheme=gssp", "backend.mode=cost", "cluster.workers=16", "cluster.profile=uniform",
+                      "cluster.stragglers.probability=0.05", "cluster.stragglers.slowdown=4",
+                      "cluster.stragglers.duration=5", "run.max_time_s=10", f"run.seed={seed}")
+    summary = train(cfg, tmp_path / "r")
+    assert summary["groups"] == [list(range(16))]
+
+
 def test_gssp_trains_and_evaluates_the_mean_of_the_replicas(fast_config, tmp_path):
     cfg = fast_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.max_time_s=3",
                       "run.stop_at_target=false")
