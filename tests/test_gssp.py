@@ -138,6 +138,22 @@ def test_a_joiner_trains_in_the_fastest_group_until_profiled_then_moves_to_its_s
         p.join(7)
 
 
+def test_a_joiner_that_starts_in_a_slow_spell_stays_in_the_fast_group():
+    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, regroup_patience=1,
+             split_ratio=1.5, transient_factor=2.0, profile_confirm=4)
+    _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=4)
+    assert p.initial_split() == [[0, 1], [2, 3]]
+    p.join(4)
+    for t in (0.8, 0.8, 0.8, 0.1, 0.1):  # a 3-iteration spell, then its own speed: never moved
+        p.observe(4, t)
+        _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=1)
+        assert p.check_regroup() == []
+    assert p.groups == [[0, 1, 4], [2, 3]]
+    for _ in range(4):  # slow 4 in a row: confirmed, it moves
+        p.observe(4, 0.8)
+    assert [(m.worker, m.new) for m in p.check_regroup()] == [(4, 1)]
+
+
 def test_the_split_waits_for_a_joiner_and_ignores_who_left():
     p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=1)
     p.observe(0, 0.1), p.observe(1, 0.1), p.observe(2, 0.8)  # worker 3 leaves before it was profiled

@@ -72,6 +72,7 @@ class GSSP:
         self.policies: list[SSP] = [SSP(range(workers), staleness)]
         self.server_of: dict[int, int] = {w: 0 for w in range(workers)}
         self.present: set[int] = set(range(workers))  # workers taking part now (joins and leaves change it)
+        self.joined: set[int] = set()  # workers that joined after the start
         self.grouped = False
         self._since_exchange = [0]
 
@@ -106,13 +107,14 @@ class GSSP:
 
     def _reference(self, worker: int) -> float:
         """The speed ``worker`` is compared with to tell a transient straggler (see ``observe``)."""
+        return self.profiler.times()[worker] if self.grouped else self._fastest()
+
+    def _fastest(self) -> float:
         times = self.profiler.times()
-        if self.grouped:
-            return times[worker]
         return min(times[w] for w in self.present if self.profiler.count[w])
 
     def _ready(self, worker: int) -> bool:
-        """Profiled enough for the first grouping.
+        """Profiled enough to be grouped: for the first grouping, and a joiner for regrouping.
 
         Telling a slow spell from a slow worker takes as long as the spell.
         A worker whose profile is over ``split_ratio`` times the fastest (slow
@@ -128,7 +130,7 @@ class GSSP:
             return False
         if not self.transient_factor or profiler.count[worker] >= profiler.window:
             return True
-        limit = self.split_ratio * self._reference(worker)
+        limit = self.split_ratio * self._fastest()
         if profiler.times()[worker] <= limit:
             return True
         return profiler.count[worker] >= self.profile_confirm and profiler.least_recent(worker, self.profile_confirm) > limit
@@ -160,6 +162,7 @@ class GSSP:
             raise ValueError(f"joiners take the next id ({len(self.profiler.count)}), not {worker}")
         self.profiler.add()
         self.present.add(worker)
+        self.joined.add(worker)
         server = 0
         if self.grouped:
             times = self.profiler.times()
@@ -213,7 +216,7 @@ class GSSP:
         """
         if not self.grouped or self.regrouper is None or self.servers == 1:
             return []
-        if not all(self.profiler.profiled(w) for w in self.present):
+        if not all(self._ready(w) if w in self.joined else self.profiler.profiled(w) for w in self.present):
             return []  # a joiner is still being profiled
         ids, present_times = self._present_times()
         index = {w: i for i, w in enumerate(ids)}
