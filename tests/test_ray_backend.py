@@ -529,6 +529,28 @@ def test_a_failed_rank_ends_an_allreduce_run_cleanly(ray_session):
     assert [f["worker"] for f in summary["failures"]] == [2] and summary["final_accuracy"] is not None
 
 
+def test_workers_load_their_own_shards_and_refuse_data_that_is_not_the_drivers(ray_session, tmp_path):
+    """Each worker loads the data itself (the driver sends indices and a digest); a data function that draws
+    other samples in every process (unseeded) is caught by the digest before any training, in one line."""
+    (tmp_path / "user_data.py").write_text(
+        "import numpy as np\n"
+        "import torch\n"
+        "def load(seeded=True):\n"
+        "    rng = np.random.default_rng(0 if seeded else None)\n"
+        "    x = torch.from_numpy(rng.normal(size=(240, 1, 8, 8)).astype('float32'))\n"
+        "    y = (x[:, 0, 0, 0] > 0).long()\n"
+        "    return (x[:200], y[:200]), (x[200:], y[200:])\n")
+    data = f"data.name=\"python:{tmp_path}/user_data.py:load\""
+    summary = train(ray_config(data, "run.max_time_s=3", "run.target_accuracy=1.0"), tmp_path / "ok")
+    assert summary["iterations"] > 0
+    with pytest.raises(ConfigError, match="worker 0 loaded other data than the driver"):
+        train(ray_config(data, "data.options={seeded = false}", "run.max_time_s=3"), tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()  # refused before it started: nothing written
+    shipped = train(ray_config(data, "data.options={seeded = false}", "backend.data_loading=driver",
+                               "run.max_time_s=3", "run.target_accuracy=1.0"), tmp_path / "shipped")
+    assert shipped["iterations"] > 0
+
+
 def test_a_run_the_ray_cluster_cannot_hold_is_refused_and_leaves_nothing(ray_session, tmp_path):
     with pytest.raises(ConfigError, match="request fractions of a CPU"):
         train(ray_config("backend.cpus_per_worker=2"), tmp_path / "r")

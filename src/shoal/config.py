@@ -323,6 +323,7 @@ class BackendConfig(Section):
     cpus_per_worker: float = Field(1.0, ge=0, description="ray: CPUs each worker actor requests (fractions allowed).")
     gpus_per_worker: float = Field(0.0, ge=0, description="ray: GPUs each worker actor requests; with one, its model and gradients run on that GPU.")
     cpus_per_server: float = Field(1.0, ge=0, description="ray: CPUs each group server actor requests.")
+    data_loading: Literal["workers", "driver"] = Field("workers", description="ray: workers: each worker loads the data set itself and takes its shard (the driver sends only the shard's indices and a digest, checked by the worker: every node must have the same data); driver: the driver ships every shard through the object store (for data only the driver's machine has).")
     combined_pull: bool = Field(True, description="ray: a worker's push and its next pull travel in one call (the server applies the gradient, waits at the gate, returns the parameters); false: two calls, as before. Not used with SIM, local SGD, DiLoCo or in-network aggregation.")
     standby_servers: int = Field(0, ge=0, le=64, description="ray: warm spare group-server processes kept ready, so a dead server is replaced in well under a second instead of the seconds a new process takes to start (each reserves cpus_per_server).")
     checkpoint_every_s: float = Field(30.0, ge=0, description="ray: group servers checkpoint replica and optimizer (safetensors + JSON) every this many wall seconds, and at the end; 0 = never.")

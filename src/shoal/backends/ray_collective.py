@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shoal.backends.ray_data import ShardRef
 from shoal.backends.ray_wire import actor_device, actor_threads, quiet_readonly_numpy
 from shoal.backends.ray_worker import worker_shard
 from shoal.cluster import StragglerModel
@@ -52,13 +53,13 @@ STOP_CHECK_S = 0.05  # compute seconds between two agreements on stopping
 class CollectiveWorker:
     """One rank of a BSP all-reduce group: its shard, its module under DDP, its optimizer."""
 
-    def __init__(self, worker: int, cfg: Config, x: np.ndarray, y: np.ndarray, num_classes: int, speed: float,
-                 compute_s: float, n_train: int, params: np.ndarray, buffers: np.ndarray) -> None:
+    def __init__(self, worker: int, cfg: Config, data: ShardRef | tuple[np.ndarray, np.ndarray], num_classes: int,
+                 speed: float, compute_s: float, n_train: int, params: np.ndarray, buffers: np.ndarray) -> None:
         quiet_readonly_numpy()
         torch.set_num_threads(actor_threads(cfg.backend.cpus_per_worker))
         self.w, self.cfg, self.speed, self.compute_s, self.n_train = worker, cfg, speed, compute_s, n_train
         self.device = actor_device(cfg.backend.gpus_per_worker)
-        shard, self.stream = worker_shard(cfg, worker, x, y, num_classes)
+        shard, self.stream = worker_shard(cfg, worker, data, num_classes)
         self.engine = build_engine(cfg, shard.input_shape, num_classes)
         self.engine._load(torch.from_numpy(np.array(params)), torch.from_numpy(np.array(buffers)))
         self.engine.model.to(self.device)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from shoal.backends.ray_collective import CollectiveWorker
+from shoal.backends.ray_data import shard_ref
 from shoal.backends.ray_evaluator import Evaluator
 from shoal.backends.local_model import aggregation_schedule, outer_step, uses_local_models
 from shoal.backends.ray_server import GroupServer
@@ -41,6 +42,20 @@ def wait_for_cpus(needed: float, cpus: Callable[[], float], timeout_s: float, po
         sleep(poll_s)
         have = cpus()
     return have
+
+
+def started(ref: Any) -> Any:
+    """An actor's answer to its first call; bad input it found while starting (ConfigError) as one line."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as err:
+        last = str(err).strip().splitlines()[-1] if str(err).strip() else ""
+        marker = f"{ConfigError.__module__}.{ConfigError.__name__}: "
+        if marker in last:
+            raise ConfigError(last.split(marker, 1)[1]) from None
+        raise
 
 
 class ActorSetup:
@@ -79,8 +94,8 @@ class ActorSetup:
 
     def _worker_actor(self, w: int) -> Any:
         b = self.cfg.backend
-        x, y = self._shards[w % self.n]  # a joiner trains on a copy of the shard of worker (id mod workers)
-        args = (w, self.cfg, x, y, self.setup.dataset.num_classes, self.speeds[w], self.profile.compute_s,
+        data = self._shards[w % self.n]  # a joiner trains on a copy of the shard of worker (id mod workers)
+        args = (w, self.cfg, data, self.setup.dataset.num_classes, self.speeds[w], self.profile.compute_s,
                 self.setup.download_bytes, self._density(w))
         options = {"num_cpus": b.cpus_per_worker, "num_gpus": b.gpus_per_worker, "max_concurrency": 1000}
         return self._actor(Worker, options, args)
@@ -99,13 +114,17 @@ class ActorSetup:
         return handle
 
     def _put_shards(self) -> None:
+        """What each worker gets its shard from: a reference it loads itself, or the shard (ray_data)."""
         import ray
 
         ds = self.setup.dataset
         self._shards = []
         for stream in self.setup.streams:
-            idx = torch.as_tensor(stream.shard)
-            self._shards.append((ray.put(ds.x_train[idx].numpy()), ray.put(ds.y_train[idx].numpy())))
+            if self.cfg.backend.data_loading == "workers":
+                self._shards.append(shard_ref(ds, stream.shard))
+                continue
+            idx = torch.as_tensor(stream.shard)  # one object, passed as a whole argument: Ray resolves it
+            self._shards.append(ray.put((ds.x_train[idx].numpy(), ds.y_train[idx].numpy())))
 
     def _check_resources(self) -> None:
         import ray
@@ -177,8 +196,8 @@ class ActorSetup:
             self._status(f"starting actors: {len(pings) - len(pending)}/{len(pings)} ready")
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
             for ref in ready:
+                info = started(ref)
                 if pings[ref] >= 0:
-                    info = ray.get(ref)
                     self.pids[pings[ref]], self.devices[pings[ref]] = info["pid"], info["device"]
         if pending:
             raise RuntimeError(f"{len(pending)} Ray actors were not placed within {STARTUP_TIMEOUT_S:.0f} s "
@@ -201,8 +220,7 @@ class ActorSetup:
         b = self.cfg.backend
         options = {"num_cpus": b.cpus_per_worker, "num_gpus": b.gpus_per_worker, "max_concurrency": 8}
         for w in range(self.n):
-            x, y = self._shards[w]
-            args = (w, self.cfg, x, y, self.setup.dataset.num_classes, self.speeds[w], self.profile.compute_s,
+            args = (w, self.cfg, self._shards[w], self.setup.dataset.num_classes, self.speeds[w], self.profile.compute_s,
                     self.setup.n_train, p_ref, b_ref)
             self.workers[w] = ray.remote(CollectiveWorker).options(**options).remote(*args)
         self._wait_ready([self.evaluator])

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from shoal.backends.local_model import LocalModel, uses_local_models
+from shoal.backends.ray_data import ShardRef, load_shard
 from shoal.backends.ray_switch import WorkerSide
 from shoal.backends.ray_wire import (
     MOVED, OK, STOP, Link, actor_device, actor_threads, as_tensor, pack, quiet_readonly_numpy, unpack,
@@ -36,11 +37,17 @@ from shoal.data import BatchStream, Dataset
 from shoal.engine.setup import build_engine
 
 
-def worker_shard(cfg: Config, worker: int, x: np.ndarray, y: np.ndarray,
+def worker_shard(cfg: Config, worker: int, data: ShardRef | tuple[np.ndarray, np.ndarray],
                  num_classes: int) -> tuple[Dataset, BatchStream]:
-    """A worker's shard as a data set, and its batch stream (permuted exactly like the sim backend's)."""
-    shard = Dataset("shard", torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y)),
-                    torch.empty(0), torch.empty(0, dtype=torch.long), num_classes)
+    """A worker's shard as a data set, and its batch stream (permuted exactly like the sim backend's).
+
+    ``data`` is the shard itself (shipped by the driver) or a reference the worker loads (``ray_data``).
+    """
+    if isinstance(data, ShardRef):
+        x, y = load_shard(cfg, worker, data)
+    else:
+        x, y = torch.from_numpy(np.array(data[0])), torch.from_numpy(np.array(data[1]))
+    shard = Dataset("shard", x, y, torch.empty(0), torch.empty(0, dtype=torch.long), num_classes)
     return shard, BatchStream(shard, np.arange(len(y)), cfg.data.batch_size, cfg.run.seed, worker)
 
 
@@ -66,15 +73,15 @@ class Route:
 class Worker:
     """One data-parallel worker: its shard, model copy, codec and emulated speed."""
 
-    def __init__(self, worker: int, cfg: Config, x: np.ndarray, y: np.ndarray, num_classes: int, speed: float,
-                 compute_s: float, download_bytes: int, density: float) -> None:
+    def __init__(self, worker: int, cfg: Config, data: ShardRef | tuple[np.ndarray, np.ndarray], num_classes: int,
+                 speed: float, compute_s: float, download_bytes: int, density: float) -> None:
         quiet_readonly_numpy()
         torch.set_num_threads(actor_threads(cfg.backend.cpus_per_worker))
         torch.manual_seed(cfg.run.seed)
         self.w, self.cfg, self.speed, self.compute_s = worker, cfg, speed, compute_s
         self.download_bytes, self.density = download_bytes, density
         self.device = actor_device(cfg.backend.gpus_per_worker)
-        shard, self.stream = worker_shard(cfg, worker, x, y, num_classes)
+        shard, self.stream = worker_shard(cfg, worker, data, num_classes)
         self.engine = build_engine(cfg, shard.input_shape, num_classes)
         self.engine.model.to(self.device)
         self.codec = self._codec()
