@@ -71,6 +71,12 @@ def test_a_burst_of_spells_with_fast_iterations_between_is_never_confirmed_and_t
     assert p.initial_split() == [[0, 1, 2, 3]]  # as fast as the fastest of its last 8
 
 
+def test_profile_confirm_0_splits_on_the_profile_alone():
+    p = _confirming(confirm=0)
+    _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=2)
+    assert p.initial_split() == [[0, 1, 2], [3]]
+
+
 def test_a_paper_gssp_splits_on_the_profile_alone():
     p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, split_ratio=1.5, profile_confirm=4)
     _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=2)

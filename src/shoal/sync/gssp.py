@@ -7,9 +7,10 @@ accumulated deltas every ``exchange_every`` local updates, without waiting.
 
 Lifecycle: the run starts as one group (SSP over everyone) while the
 profiler measures iteration times; after ``profile_iterations`` per worker
-the workers are split into natural-breaks groups and every group server
-starts from a copy of that single replica (so no delta is in flight at the
-split). Later regroups move workers between the existing group servers; the
+(and, for a worker that looks slow, ``profile_confirm`` slow ones in a row:
+a slow spell is not a slow worker) the workers are split into
+natural-breaks groups and every group server starts from a copy of that
+single replica (so no delta is in flight at the split). Later regroups move workers between the existing group servers; the
 number of servers stays what the first grouping chose.
 
 Membership may change (``join``, ``leave``): a joiner trains in the fastest
@@ -128,7 +129,7 @@ class GSSP:
         profiler = self.profiler
         if not profiler.profiled(worker):
             return False
-        if not self.transient_factor or profiler.count[worker] >= profiler.window:
+        if not self.transient_factor or not self.profile_confirm or profiler.count[worker] >= profiler.window:
             return True
         limit = self.split_ratio * self._fastest()
         if profiler.times()[worker] <= limit:
