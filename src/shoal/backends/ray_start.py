@@ -220,8 +220,8 @@ class ActorSetup:
         b = self.cfg.backend
         options = {"num_cpus": b.cpus_per_worker, "num_gpus": b.gpus_per_worker, "max_concurrency": 8}
         for w in range(self.n):
-            args = (w, self.cfg, self._shards[w], self.setup.dataset.num_classes, self.speeds[w], self.profile.compute_s,
-                    self.setup.n_train, p_ref, b_ref)
+            args = (w, self.cfg, self._shards[w], self.setup.dataset.num_classes, self.speeds[w],
+                    self.profile.compute_s, self.setup.n_train, p_ref, b_ref)
             self.workers[w] = ray.remote(CollectiveWorker).options(**options).remote(*args)
         self._wait_ready([self.evaluator])
         local = not b.address

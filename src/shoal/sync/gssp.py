@@ -10,8 +10,9 @@ profiler measures iteration times; after ``profile_iterations`` per worker
 (and, for a worker that looks slow, ``profile_confirm`` slow ones in a row:
 a slow spell is not a slow worker) the workers are split into
 natural-breaks groups and every group server starts from a copy of that
-single replica (so no delta is in flight at the split). Later regroups move workers between the existing group servers; the
-number of servers stays what the first grouping chose.
+single replica (so no delta is in flight at the split). Later regroups move
+workers between the existing group servers; the number of servers stays
+what the first grouping chose.
 
 Membership may change (``join``, ``leave``): a joiner trains in the fastest
 group until it is profiled, then the next regroup places it by its speed.
@@ -134,7 +135,8 @@ class GSSP:
         limit = self.split_ratio * self._fastest()
         if profiler.times()[worker] <= limit:
             return True
-        return profiler.count[worker] >= self.profile_confirm and profiler.least_recent(worker, self.profile_confirm) > limit
+        confirmed = profiler.least_recent(worker, self.profile_confirm) > limit
+        return profiler.count[worker] >= self.profile_confirm and confirmed
 
     def local_update(self, server: int) -> bool:
         """Count one update applied at ``server``; True when it should send its delta to peers."""
