@@ -310,9 +310,17 @@ def test_gssp_frees_the_fast_workers_that_bsp_holds_back(fast_config, tmp_path):
     split = next(e["t"] for e in events if e["event"] == "groups" and e["reason"] == "profiled")
     before = sum(1 for e in events if e["event"] == "iteration" and e["t"] <= split)
     assert gssp["iterations"] - before - 8 <= sum(gssp["group_updates"]) <= gssp["iterations"] - before + 8
-    # the slow workers confirmed their speed (12 slow iterations in a row) before the split; nobody waited meanwhile
+
+
+def test_with_profile_confirm_the_slow_tier_confirms_its_speed_before_the_split(fast_config, tmp_path):
+    gssp = train(_gssp(fast_config, "sync.profile_confirm=12"), tmp_path / "g")
+    assert gssp["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    events = read_jsonl(tmp_path / "g" / "metrics.jsonl")
+    split = next(e["t"] for e in events if e["event"] == "groups" and e["reason"] == "profiled")
     slow_before = [e for e in events if e["event"] == "iteration" and e["t"] <= split and e["worker"] >= 4]
-    assert 4 * 12 <= len(slow_before) <= 4 * 13
+    assert 4 * 12 <= len(slow_before) <= 4 * 13  # 12 slow iterations in a row each (the last may be in flight)
+    fast_before = [e for e in events if e["event"] == "iteration" and e["t"] <= split and e["worker"] < 4]
+    assert len(fast_before) > 4 * 8 * 12 * 0.9  # nobody waited for them meanwhile (8x as fast)
 
 
 def test_sustained_slowdown_is_regrouped_within_bounded_iterations(fast_config, tmp_path):
@@ -337,11 +345,12 @@ def test_transient_stragglers_do_not_cause_regrouping(fast_config, tmp_path):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_uniform_cluster_with_slow_spells_keeps_one_group(fast_config, tmp_path, seed):
+def test_with_profile_confirm_a_uniform_cluster_with_slow_spells_keeps_one_group(fast_config, tmp_path, seed):
     """16 equal workers, 4x spells of 5 iterations: some worker is in a spell when profiled on most seeds."""
     cfg = fast_config("sync.scheme=gssp", "backend.mode=cost", "cluster.workers=16", "cluster.profile=uniform",
                       "cluster.stragglers.probability=0.05", "cluster.stragglers.slowdown=4",
-                      "cluster.stragglers.duration=5", "run.max_time_s=10", f"run.seed={seed}")
+                      "cluster.stragglers.duration=5", "run.max_time_s=10", f"run.seed={seed}",
+                      "sync.profile_confirm=12")
     summary = train(cfg, tmp_path / "r")
     assert summary["groups"] == [list(range(16))]
 

@@ -91,15 +91,16 @@ class GSSP:
         An iteration over ``transient_factor`` times the worker's reference
         speed marks a transient straggler: its group stops waiting for it
         (``SyncPolicy.excuse``) until an iteration at that speed readmits it.
-        The reference is the worker's own profiled speed after the split, and
-        the fastest profiled worker's before it (a worker's own profile is
-        not known yet then): so while the split waits for slow-looking workers
-        to confirm their speed (``profile_confirm``), nobody waits for them.
+        The reference is the worker's own profiled speed after the split. With
+        ``profile_confirm`` it is the fastest profiled worker's before the
+        split (a worker's own profile is not known yet then): so while the
+        split waits for slow-looking workers to confirm their speed, nobody
+        waits for them.
         Returns True (excused), False (readmitted) or None (no change), so the
         backend can release waiters or tell the server.
         """
         self.profiler.observe(worker, iteration_s)
-        if not self.transient_factor or worker not in self.present:
+        if not self.transient_factor or worker not in self.present or not (self.grouped or self.profile_confirm):
             return None
         policy = self.policies[self.server_of[worker]]
         factor = self.transient_factor if self.grouped else min(self.transient_factor, self.split_ratio)
