@@ -50,10 +50,10 @@ def started(ref: Any) -> Any:
 
     try:
         return ray.get(ref)
-    except ray.exceptions.RayActorError as err:
+    except ray.exceptions.RayActorError as err:  # Ray keeps the constructor's error only as text
         last = str(err).strip().splitlines()[-1] if str(err).strip() else ""
         marker = f"{ConfigError.__module__}.{ConfigError.__name__}: "
-        if marker in last:
+        if err.actor_init_failed and marker in last:
             raise ConfigError(last.split(marker, 1)[1]) from None
         raise
 

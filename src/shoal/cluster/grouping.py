@@ -11,6 +11,7 @@ Everything here is pure: no clocks, only numbers in and groups out.
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -46,8 +47,7 @@ class IterationProfiler:
 
     def least_recent(self, worker: int, n: int) -> float:
         """The fastest of ``worker``'s last ``n`` iterations (at most the window)."""
-        recent = self._recent[worker]
-        return min(list(recent)[-n:]) if recent else float("inf")
+        return min(islice(reversed(self._recent[worker]), n), default=float("inf"))
 
     def add(self) -> int:
         """Profile one more worker (a joiner); returns its id."""

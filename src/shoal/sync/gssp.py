@@ -114,9 +114,9 @@ class GSSP:
 
     def _fastest(self) -> float:
         times = self.profiler.times()
-        return min(times[w] for w in self.present if self.profiler.count[w])
+        return min((times[w] for w in self.present if self.profiler.count[w]), default=float("inf"))
 
-    def _ready(self, worker: int) -> bool:
+    def _ready(self, worker: int, fastest: float) -> bool:
         """Profiled enough to be grouped: for the first grouping, and a joiner for regrouping.
 
         Telling a slow spell from a slow worker takes as long as the spell.
@@ -126,14 +126,14 @@ class GSSP:
         was fast it is measured on (its running low quantile forgets a spell
         that ended), at most for ``profile_window`` iterations. Its slow
         iterations are excused meanwhile (``observe``), so the wait costs the
-        others little.
+        others little. ``fastest``: ``_fastest()``, read once by the caller for all workers.
         """
         profiler = self.profiler
         if not profiler.profiled(worker):
             return False
         if not self.transient_factor or not self.profile_confirm or profiler.count[worker] >= profiler.window:
             return True
-        limit = self.split_ratio * self._fastest()
+        limit = self.split_ratio * fastest
         if profiler.times()[worker] <= limit:
             return True
         confirmed = profiler.least_recent(worker, self.profile_confirm) > limit
@@ -201,7 +201,10 @@ class GSSP:
 
     def initial_split(self) -> Groups | None:
         """The first grouping, once every present worker has been profiled (None: not yet, or already)."""
-        if self.grouped or not all(self._ready(w) for w in self.present):
+        if self.grouped:
+            return None
+        fastest = self._fastest()
+        if not all(self._ready(w, fastest) for w in self.present):
             return None
         self.grouped = True
         ids, times = self._present_times()
@@ -220,7 +223,8 @@ class GSSP:
         """
         if not self.grouped or self.regrouper is None or self.servers == 1:
             return []
-        if not all(self._ready(w) if w in self.joined else self.profiler.profiled(w) for w in self.present):
+        fastest = self._fastest()
+        if not all(self._ready(w, fastest) if w in self.joined else self.profiler.profiled(w) for w in self.present):
             return []  # a joiner is still being profiled
         ids, present_times = self._present_times()
         index = {w: i for i, w in enumerate(ids)}
