@@ -92,7 +92,7 @@ def test_examples_load():
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    (["sync.intra_group=allreduce", "sync.scheme=gssp"], "bsp\" only so far"),
+    (["sync.intra_group=allreduce", "sync.scheme=asp"], "synchronous: sync.scheme"),
     (["sync.intra_group=allreduce", "compression.method=topk"], "dense gradients"),
     (["sync.intra_group=allreduce", "network.aggregation=ina"], "in-network aggregation"),
     (["sync.intra_group=ring"], "sync.intra_group"),

@@ -228,7 +228,7 @@ LOCAL_SCHEMES = ("localsgd", "diloco")
 class SyncConfig(Section):
     scheme: Literal["bsp", "asp", "ssp", "gssp", "localsgd", "diloco"] = Field("bsp", description="Synchronisation scheme (localsgd: average models every local_steps; diloco: outer Nesterov step on the averaged change).")
     local_steps: int = Field(8, ge=1, description="localsgd, diloco: local optimizer steps between two averagings (H).")
-    intra_group: Literal["server", "allreduce"] = Field("server", description="bsp: how a synchronous group combines its gradients. server: workers pull from and push to a parameter server; allreduce: every worker keeps its own replica and optimizer and the gradients are ring all-reduced (on ray: torch.distributed DDP, gloo on CPU, NCCL on GPU; on sim: a ring all-reduce's cost). GSSP groups on all-reduce are not built yet.")
+    intra_group: Literal["server", "allreduce"] = Field("server", description="bsp and gssp: how a group combines its gradients. server: workers pull from and push to a (group) parameter server (GSSP: SSP inside each group, as the paper); allreduce: the group is synchronous, every member keeps its own replica and optimizer and the gradients are ring all-reduced (on ray: torch.distributed DDP, gloo on CPU, NCCL on GPU; on sim: a ring all-reduce's cost); GSSP groups still exchange their own deltas asynchronously, dense, and nobody is excused as a transient straggler.")
     outer_lr: float = Field(0.7, gt=0, description="diloco: learning rate of the outer Nesterov SGD on the averaged pseudo-gradient (DiLoCo: 0.7).")
     outer_momentum: float = Field(0.9, ge=0, lt=1, description="diloco: Nesterov momentum of the outer step (DiLoCo: 0.9).")
     staleness: int = Field(3, ge=0, description="SSP bound s (also inside GSSP groups): at most s iterations ahead of the slowest.")
@@ -361,8 +361,8 @@ class Config(Section):
             if self.backend.mode == "cost":
                 raise ValueError(f"sync.scheme: {self.sync.scheme} steps real local models, so it needs backend.mode = \"train\"")
         if self.sync.intra_group == "allreduce":
-            if self.sync.scheme != "bsp":
-                raise ValueError(f"sync.intra_group: all-reduce groups are built for sync.scheme = \"bsp\" only so far, not {self.sync.scheme}; use intra_group = \"server\"")
+            if self.sync.scheme not in ("bsp", "gssp"):
+                raise ValueError(f"sync.intra_group: all-reduce groups are synchronous: sync.scheme = \"bsp\" or \"gssp\", not {self.sync.scheme}; use intra_group = \"server\"")
             if self.compression.method != "none" or self.compression.similarity.enabled:
                 raise ValueError("sync.intra_group: the all-reduce path sends dense gradients; use compression.method = \"none\" without SIM")
             if self.network.aggregation == "ina":

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from shoal.backends.local_model import uses_local_models
+from shoal.backends.ray_collective_groups import CollectiveGroups
 from shoal.backends.ray_evaluator import mean_state
 from shoal.backends.ray_membership import Membership
 from shoal.backends.ray_recovery import Recovery
@@ -48,12 +49,13 @@ DRAIN_S = 0.2  # how often each actor's records are collected
 # -- the backend --------------------------------------------------------------------------
 
 
-class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
+class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecovery):
     """Runs one configured training on Ray actors until a stopping rule fires (or Ctrl-C).
 
     This class is the driver loop, the records, evaluation and the summary;
     its roles live in mixins: ``ActorSetup`` (ray_start: creating the
     actors), ``Membership`` (ray_membership: GSSP's split and regroups),
+    ``CollectiveGroups`` (ray_collective_groups: all-reduce groups),
     ``Recovery`` (ray_recovery: failures, checkpoints, resume), ``ServerRecovery``
     (ray_server_recovery: a dead group server replaced while the run goes on).
     """
@@ -68,7 +70,9 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
         self.speeds = list(self.profile.speeds)
         self.stats = [WorkerStats(id=w, group=0, speed=self.speeds[w]) for w in range(self.n)]
         self.gssp = gssp_from_config(self.cfg.sync, self.n) if self.cfg.sync.scheme == "gssp" else None
-        self.collective = self.cfg.sync.intra_group == "allreduce"  # BSP on all-reduce: workers only
+        self.collective = self.cfg.sync.intra_group == "allreduce"  # all-reduce groups: workers only
+        self._formed: list[list[int]] = []  # the all-reduce groups as formed now
+        self._exchange_totals = {"exchanges": 0, "bytes_exchange": 0}  # all-reduce groups' deltas sent
         self.schedule = GDTopKSchedule.from_config(self.cfg.compression.gdtopk)
         self.servers: list[Any] = []
         self.spares: list[Any] = []
@@ -137,7 +141,7 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
                 self.stop_reason = "time_budget"
                 return
             budget = self.cfg.run.max_iterations
-            if budget and self.recorder.iterations >= budget and not self.collective:  # ranks stop themselves
+            if budget and self.recorder.iterations >= budget and not self._ranks_stop_themselves():
                 self.stop_reason = "iteration_budget"
                 return
             if now >= next_ckpt:
@@ -208,6 +212,9 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
         self._after_records()
 
     def _record(self, r: dict[str, Any]) -> None:
+        if r.get("event") == "exchange":  # an all-reduce group's first rank sent its delta
+            self._count_exchange(r)
+            return
         w = r["worker"]
         stats = self.stats[w]
         stats.iterations += 1
@@ -246,6 +253,8 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
             self.lr = lr
             for server in self.servers:
                 server.set_lr.remote(lr)  # with SIM the servers also restart their periods
+            if self.collective and self.gssp is not None:
+                self._configure_groups()
             if uses_local_models(self.cfg):
                 for w in self.alive:
                     self.workers[w].set_lr.remote(lr)
@@ -254,9 +263,9 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
     # -- evaluation, progress -------------------------------------------------------------
 
     def _state_refs(self) -> list[Any]:
-        """References to what is evaluated: rank 0's replica (all-reduce), else every group server's."""
-        if self.collective:  # every rank holds the same replica
-            return [self.workers[0].state.remote()]
+        """References to what is evaluated: each all-reduce group's first rank's replica, else every group server's."""
+        if self.collective:
+            return self._collective_states()
         down = self._servers_down()  # while a dead server is being replaced, the others are evaluated
         return [s.state.remote() for g, s in enumerate(self.servers) if g not in down]
 
@@ -323,7 +332,7 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
         newest = self._recent[-1][0] if self._recent else 0.0
         while self._recent and self._recent[0][0] < newest - window_s:
             self._recent.popleft()
-        counts = [0] * max(1, len(self.servers))
+        counts = [0] * max(1, len(self._groups()))
         for _, group in self._recent:
             if group < len(counts):
                 counts[group] += 1
@@ -432,7 +441,7 @@ class RayBackend(ActorSetup, Membership, Recovery, ServerRecovery):
 
     def _summary(self, wall_s: float) -> dict[str, Any]:
         totals = [self._server_totals.get(i, {}) for i in range(len(self.servers))]
-        every = totals + self._retired_totals  # the counters of servers that died count too
+        every = totals + self._retired_totals + [self._exchange_totals]  # servers that died count too
         self._count_losses()
         elapsed = getattr(self, "elapsed", self.offset)
         return build_summary(

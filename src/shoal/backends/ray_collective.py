@@ -1,45 +1,62 @@
-"""BSP on collectives: a worker actor that keeps its own replica and all-reduces gradients with DDP.
+"""All-reduce groups: a worker actor that keeps its own replica and all-reduces gradients with DDP.
 
-``sync.intra_group = "allreduce"``: the workers form one torch.distributed
-process group inside their Ray actors (gloo on CPU, NCCL on GPU; rank 0
-opens the rendezvous port, as Ray Train does) and wrap their module in
+``sync.intra_group = "allreduce"``: the workers of a synchronous group (BSP:
+everyone; GSSP: each group) form a torch.distributed process group inside
+their Ray actors (gloo on CPU, NCCL on GPU; the group's first rank opens the
+rendezvous, as Ray Train does) and wrap their module in
 DistributedDataParallel, so gradients are averaged in buckets while the
 backward pass still runs. No parameter travels through a server. Every
-worker steps the same optimizer on the same averaged gradient (SGD or Adam
+member steps the same optimizer on the same averaged gradient (SGD or Adam
 with weight decay in the gradient, as the server's ``Replica`` does), so
-the replicas stay equal; batch-norm buffers are rank 0's (DDP broadcasts
-them). The learning rate follows ``optimizer.lr_decay_epochs`` from the
-iteration count, which is the same on every rank, so it changes at the same
-step everywhere.
+the replicas stay equal; batch-norm buffers are the first rank's (DDP
+broadcasts them). BSP: the learning rate follows ``optimizer.lr_decay_epochs``
+from the iteration count, the same on every rank.
 
-Stopping is agreed: every few iterations (about 50 ms of compute, the
-same period on every rank) the ranks all-reduce a one-value stop flag (MAX)
-on a second gloo group, started before the forward pass and awaited after
-the step, so all ranks leave after the same iteration.
+Agreement: every few iterations (about 50 ms, the same period on every
+rank) the ranks all-reduce (MIN) one small vector on a second gloo group:
+the stop flag, the newest optimizer settings each holds, and how many of
+each peer group's deltas each holds (group_exchange). It starts before
+the forward pass and is awaited after the step, so every member leaves,
+changes its settings and adds peer deltas after the same iteration.
+
+GSSP between groups: every ``exchange_every`` rounds the group's first rank
+sends the group's own delta (what its optimizer steps changed since the last
+send, not what peers sent) through the object store to each peer group's
+first rank, from a thread, so the group's rounds never wait for it; that
+rank hands the reference to its members. A regroup stops every group,
+sends what is left, applies everything delivered (the replicas are then
+equal) and forms the new groups (``form``).
 
 Emulation (``cluster.emulate``) pads as the server path does: before the
 forward pass up to the profile's compute time, after the step up to a ring
-all-reduce's time on the emulated links (the sim charges the same). The
-record splits the time beyond compute into ``comm_s`` (at most the larger
-of the ring's emulated time and the least this rank has seen) and ``wait_s``
-(the rest: waiting inside the all-reduce for slower ranks).
+all-reduce's time over the group on the emulated links (the sim charges the
+same); the exchange waits out the peer link. The record splits the time
+beyond compute into ``comm_s`` (at most the larger of the ring's emulated
+time and a bare all-reduce of the gradient's size, timed when the group
+forms with every member entering together) and ``wait_s`` (the rest:
+waiting inside the all-reduce for slower ranks). GSSP profiles compute +
+comm: what the worker's iteration takes without waiting.
 """
 
 from __future__ import annotations
 
+import gc
 import os
+import queue
 import socket
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import torch
 
+from shoal.backends.group_exchange import DeltaInbox, StepScale
 from shoal.backends.ray_data import ShardRef
-from shoal.backends.ray_wire import actor_device, actor_threads, quiet_readonly_numpy
+from shoal.backends.ray_wire import Link, actor_device, actor_threads, quiet_readonly_numpy
 from shoal.backends.ray_worker import worker_shard
 from shoal.cluster import StragglerModel
 from shoal.config import Config
@@ -47,11 +64,28 @@ from shoal.engine.cost import ring_allreduce_bytes, ring_allreduce_time
 from shoal.engine.setup import build_engine
 
 JOIN_TIMEOUT = timedelta(seconds=60)
-STOP_CHECK_S = 0.05  # compute seconds between two agreements on stopping
+AGREE_EVERY_S = 0.05  # iteration seconds between two agreements (stop, settings, peer deltas)
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What a rank is told when its group forms (``CollectiveWorker.form``)."""
+
+    index: int  # the group's number (GSSP's server index; 0 for BSP)
+    rank: int
+    members: tuple[int, ...]  # worker ids in rank order
+    groups: int  # how many groups there are (the senders of peer deltas)
+    scale: StepScale
+    lr: float
+    epoch: int  # the driver's membership epoch: deliveries from an earlier grouping are dropped
+    budget: int = 0  # BSP: this rank's share of run.max_iterations (it stops itself); 0: the driver stops it
+    leaders: tuple[Any, ...] = ()  # GSSP, first rank only: every group's first rank (None: an empty group)
+    member_handles: tuple[Any, ...] = ()  # GSSP, first rank only: its members, which it hands peer deltas to
+    exchange_every: int = 0
 
 
 class CollectiveWorker:
-    """One rank of a BSP all-reduce group: its shard, its module under DDP, its optimizer."""
+    """One rank of an all-reduce group: its shard, its module under DDP, its optimizer, its group's exchange."""
 
     def __init__(self, worker: int, cfg: Config, data: ShardRef | tuple[np.ndarray, np.ndarray], num_classes: int,
                  speed: float, compute_s: float, n_train: int, params: np.ndarray, buffers: np.ndarray) -> None:
@@ -66,15 +100,29 @@ class CollectiveWorker:
         batch = min(len(shard.y_train), cfg.data.batch_size)  # what measures compute, without using the stream
         self._probe = (shard.x_train[:batch].to(self.device), shard.y_train[:batch].to(self.device))
         self.stragglers = StragglerModel(cfg.cluster.stragglers, cfg.cluster.workers, cfg.run.seed)
+        c = cfg.cluster
+        self.peer_link = Link(c.latency_ms / 1e3, c.server_gbps * 1e9, c.emulate)
         self.lock = threading.Lock()  # the driver reads the state between two optimizer steps
         self.ddp: Any = None
+        self.control: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
+        self.plan: GroupPlan | None = None
         self.iterations = 0
         self.real_compute_s = 0.0
-        self._least_sync = float("inf")
+        self.bare_allreduce_s = 0.0  # the group's all-reduce of the gradient alone, measured when it forms
         self._records: list[dict[str, Any]] = []
         self._stopping = False
         self._fail_next = False
+        self._settings: dict[int, tuple[float, float | None]] = {}  # version -> (lr, share), newest agreed applied
+        self._applied_settings = 0
+        self.inbox = DeltaInbox(1)
+        self._own: tuple[torch.Tensor, torch.Tensor] | None = None  # first rank: the state at the last send
+        self._received: tuple[torch.Tensor, torch.Tensor] | None = None  # ... and the peer deltas added since
+        self._rounds, self._sent = 0, 0
+        self._outbox: queue.Queue[Any] = queue.Queue()
+        self._deliveries: list[Any] = []
+        self._sender: threading.Thread | None = None
+        self._t0 = 0.0
 
     # -- set-up (called by the driver) ------------------------------------------------------
 
@@ -82,8 +130,8 @@ class CollectiveWorker:
         return {"pid": os.getpid(), "device": str(self.device)}
 
     def rendezvous(self, local: bool) -> str:
-        """Rank 0: where the ranks meet. Local runs use a file store (no listening socket at all: PyTorch's
-        TCP store binds every interface); a cluster uses a TCP store on rank 0's node."""
+        """A group's first rank: where its ranks meet. Local runs use a file store (no listening socket at all:
+        PyTorch's TCP store binds every interface); a cluster uses a TCP store on that rank's node."""
         import ray
 
         if local:
@@ -94,29 +142,88 @@ class CollectiveWorker:
             s.bind((host, 0))
             return f"tcp://{host}:{s.getsockname()[1]}"
 
-    def join(self, init_method: str, world: int, local: bool) -> float:
-        """Join the process group, wrap the module in DDP, build the optimizer; returns the real compute time."""
+    def form(self, init_method: str, plan: GroupPlan, local: bool,
+             kept: tuple[dict[str, Any], StepScale] | None = None) -> float:
+        """Join (or re-join) a group: a new process group and DDP over it, stepping at the plan's scale.
+
+        Every member then holds the first rank's parameters and buffers (DDP
+        broadcasts them; after ``settle`` they are equal anyway) and the same
+        optimizer state: ``kept``, the state its group index had (and the
+        scale it had then: the velocity is rescaled), or a fresh one. Returns
+        the real compute time.
+        """
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
+        self._leave_group()
         if local:  # gloo's own sockets stay on loopback like everything else of a local run
             os.environ["GLOO_SOCKET_IFNAME"] = "lo"
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=self.w, world_size=world,
+        dist.init_process_group(backend, init_method=init_method, rank=plan.rank, world_size=len(plan.members),
                                 timeout=JOIN_TIMEOUT)
         self.control = dist.new_group(backend="gloo")
         self.ddp = DistributedDataParallel(self.engine.model, device_ids=[self.device.index] if backend == "nccl"
                                            else None)
+        fresh = self.optimizer is None
+        self.optimizer = self._new_optimizer()
+        if fresh:
+            self.real_compute_s = self._measure_compute()
+        if kept is not None:
+            self.optimizer.load_state_dict(kept[0])
+        self.plan = plan
+        self._settings, self._applied_settings = {0: (plan.lr, plan.scale.share)}, 0
+        self._set_scale(plan.lr, plan.scale, kept[1] if kept is not None else None)
+        self.inbox = DeltaInbox(plan.groups)
+        self._rounds, self._sent, self._stopping = 0, 0, False
+        self.bare_allreduce_s = self._measure_allreduce()
+        if plan.leaders:
+            self._own = self.engine.initial_state()
+            self._received = tuple(torch.zeros_like(t) for t in self._own)  # type: ignore[assignment]
+        # how often the group agrees: about every AGREE_EVERY_S of its slowest member's iteration
+        target = self.compute_s * self.speed if self.cfg.cluster.emulate else 0.0
+        slowest = torch.tensor([max(self.real_compute_s, target, 1e-6)])
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=self.control)
+        self.stop_every = int(max(1, min(64, AGREE_EVERY_S / float(slowest.item()))))
+        return self.real_compute_s
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
         opt = self.cfg.optimizer
         params = self.engine.model.parameters()
-        self.optimizer = torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay) \
-            if opt.name == "sgd" else torch.optim.Adam(params, lr=opt.lr, weight_decay=opt.weight_decay)
-        self.real_compute_s = self._measure_compute()
-        # how often the stop flag is agreed: about every STOP_CHECK_S of compute, the same period on every rank
-        period = torch.tensor([max(1, min(64, int(STOP_CHECK_S / max(self.real_compute_s, 1e-6))))])
-        dist.all_reduce(period, op=dist.ReduceOp.MIN, group=self.control)
-        self.stop_every = int(period.item())
-        return self.real_compute_s
+        if opt.name == "sgd":
+            return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
+        return torch.optim.Adam(params, lr=opt.lr, weight_decay=opt.weight_decay)
+
+    def optimizer_state(self) -> tuple[dict[str, Any], StepScale]:
+        """The optimizer's state and the scale it stepped at (a group keeps them through a regroup)."""
+        assert self.optimizer is not None and self.plan is not None
+        with self.lock:
+            return self.optimizer.state_dict(), self.plan.scale
+
+    def _measure_allreduce(self, repeats: int = 3) -> float:
+        """The least time of an all-reduce of the gradient's size that every member enters together (after a
+        barrier): the group's communication without waiting for anyone."""
+        import torch.distributed as dist
+
+        if len(self.plan.members) == 1:
+            return 0.0
+        values = torch.zeros(self.engine.num_params, device=self.device)
+        best = float("inf")
+        for _ in range(repeats):
+            dist.barrier(group=self.control)
+            start = time.perf_counter()
+            dist.all_reduce(values)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    def _leave_group(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            self.ddp, self.control = None, None
+            gc.collect()  # the old DDP's reducer takes its autograd hooks off the parameters
+            dist.destroy_process_group()
 
     def _measure_compute(self, repeats: int = 3) -> float:
         """Forward + backward without synchronising (the least of a few), to tell compute from all-reduce."""
@@ -140,8 +247,15 @@ class CollectiveWorker:
         """Fault injection: the next iteration raises (the run then stops: a rank cannot be replaced yet)."""
         self._fail_next = True
 
+    def configure(self, epoch: int, version: int, lr: float, share: float | None) -> None:
+        """New optimizer settings (GSSP: the decayed lr, the group's share of updates), used once agreed; settings
+        meant for an earlier grouping are dropped."""
+        if self.plan is not None and epoch == self.plan.epoch:
+            self._settings[version] = (lr, share)
+
     def drain(self, density: float = 1.0) -> list[dict[str, Any]]:
-        records, self._records = self._records, []
+        with self.lock:
+            records, self._records = self._records, []
         return records
 
     def state(self) -> tuple[np.ndarray, np.ndarray]:
@@ -150,15 +264,95 @@ class CollectiveWorker:
             params, buffers = self.engine.initial_state()
         return params.cpu().numpy(), buffers.cpu().numpy()
 
+    # -- the exchange between GSSP groups -------------------------------------------------------
+
+    def deliver(self, sender: int, seq: int, epoch: int, delta: list[Any]) -> None:
+        """First rank: a peer group's delta (a reference in a list, so Ray does not fetch it here). Waits out
+        the emulated peer link, then hands it to every member; returns once all hold it."""
+        import ray
+
+        assert self.plan is not None
+        time.sleep(self.peer_link.seconds(self._delta_bytes()))
+        others = [h for h in self.plan.member_handles if h is not None]
+        ray.get([h.receive.remote(sender, seq, epoch, delta) for h in others])
+        self.receive(sender, seq, epoch, delta)
+
+    def receive(self, sender: int, seq: int, epoch: int, delta: list[Any]) -> None:
+        if self.plan is not None and epoch == self.plan.epoch:
+            self.inbox.put(sender, seq, delta[0])
+
+    def flush(self) -> None:
+        """First rank, the group stopped: send the own delta not sent yet; return once every delivery arrived."""
+        import ray
+
+        if self.plan is not None and self.plan.leaders:
+            self._send_own()
+            self._outbox.join()
+            ray.get(self._deliveries)
+            self._deliveries = []
+
+    def settle(self) -> None:
+        """The group stopped and every delivery arrived: add every peer delta held (the same on every member)."""
+        self._add_peer_deltas(self.inbox.take_all())
+
+    def _send_own(self) -> None:
+        """Queue the group's own delta since the last send for the sender thread (the round goes on)."""
+        assert self._own is not None and self._received is not None and self.plan is not None
+        now = self.engine.initial_state()
+        own = [n - b - r for n, b, r in zip(now, self._own, self._received)]
+        self._own, self._received = now, tuple(torch.zeros_like(t) for t in now)  # type: ignore[assignment]
+        self._rounds = 0
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send_loop, daemon=True)
+            self._sender.start()
+        self._outbox.put((self.plan, self._sent, own[0].cpu().numpy(), own[1].cpu().numpy()))
+        self._sent += 1
+
+    def _send_loop(self) -> None:
+        """Put each own delta into the object store once and send it to every peer group's first rank, each
+        copy after the last has left the emulated egress."""
+        import ray
+
+        while True:
+            plan, seq, params, buffers = self._outbox.get()
+            try:
+                ref = ray.put((params, buffers))
+                peers = [h for g, h in enumerate(plan.leaders) if g != plan.index and h is not None]
+                for peer in peers:
+                    time.sleep(self.peer_link.seconds(self._delta_bytes()))
+                    self._deliveries.append(peer.deliver.remote(plan.index, seq, plan.epoch, [ref]))
+                self._deliveries = ray.wait(self._deliveries, num_returns=len(self._deliveries), timeout=0)[1]
+                with self.lock:
+                    self._records.append({"event": "exchange", "t": round(time.time() - self._t0, 6),
+                                          "group": plan.index, "bytes": self._delta_bytes() * len(peers)})
+            finally:
+                self._outbox.task_done()
+
+    def _delta_bytes(self) -> int:
+        return 4 * (self.engine.num_params + self.engine.num_buffer_values)
+
+    def _add_peer_deltas(self, deltas: list[Any]) -> None:
+        """Add peer groups' deltas (object references) to the replica; they never count as this group's own."""
+        import ray
+
+        for ref in deltas:
+            params, buffers = ray.get(ref)
+            delta = (torch.from_numpy(np.array(params)).to(self.device),
+                     torch.from_numpy(np.array(buffers)).to(self.device))
+            with self.lock:
+                self.engine.add_to_state(*delta)
+            if self._received is not None:
+                for total, part in zip(self._received, delta):
+                    total.add_(part)
+
     # -- the loop ----------------------------------------------------------------------------
 
     def run(self, t0: float) -> str:
-        """Iterate until every rank has been asked to stop (agreed through the stop flag), or until this rank's
-        share of ``run.max_iterations`` (the same iteration on every rank: "budget")."""
-        total = self.cfg.run.max_iterations
-        budget = max(1, total // self.cfg.cluster.workers) if total else 0
+        """Iterate until every rank has been asked to stop (agreed), or until the plan's budget ("budget")."""
+        self._t0 = t0
+        assert self.plan is not None
         while self._iteration(t0):
-            if budget and self.iterations >= budget:
+            if self.plan.budget and self.iterations >= self.plan.budget:
                 return "budget"
         return "stop"
 
@@ -167,11 +361,14 @@ class CollectiveWorker:
 
         if self._fail_next:
             raise RuntimeError(f"worker {self.w}: injected failure")
-        c, n = self.cfg.cluster, self.cfg.cluster.workers
-        flag, agreed = None, None
+        plan, c = self.plan, self.cfg.cluster
+        assert plan is not None and self.optimizer is not None
+        control, agreed = None, None
         if self.iterations % self.stop_every == 0:
-            flag = torch.tensor([1.0 if self._stopping else 0.0])
-            agreed = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control, async_op=True)
+            newest = max(self._settings)
+            control = torch.tensor([-1.0 if self._stopping else 0.0, float(newest), *self.inbox.available()],
+                                   dtype=torch.float64)
+            agreed = dist.all_reduce(control, op=dist.ReduceOp.MIN, group=self.control, async_op=True)
         x, y = self.stream.next()
         x, y = x.to(self.device), y.to(self.device)
         target = self.compute_s * self.speed * self.stragglers.factor(self.w)
@@ -183,33 +380,69 @@ class CollectiveWorker:
         loss.backward()  # DDP all-reduces the gradient buckets while backward runs
         self.iterations += 1
         with self.lock:
-            self._set_lr()
+            if self.cfg.sync.scheme == "bsp":
+                self._set_lr()
             self.optimizer.step()
         sync = max(time.perf_counter() - start - self.real_compute_s, 0.0)
-        nbytes = 4 * self.engine.num_params
+        n, nbytes = len(plan.members), 4 * self.engine.num_params
         ring = ring_allreduce_time(nbytes, n, c.link_gbps * 1e9, c.latency_ms / 1e3) if c.emulate else 0.0
         if ring > sync:
             time.sleep(ring - sync)
             sync = ring
-        self._least_sync = min(self._least_sync, sync)
-        comm = min(sync, max(ring, self._least_sync))
-        if agreed is not None:
-            agreed.wait()
+        comm = min(sync, max(ring, self.bare_allreduce_s))
+        self._rounds += 1
+        if plan.leaders and plan.exchange_every and self._rounds >= plan.exchange_every:
+            self._send_own()
         self._record(t0, max(target, self.real_compute_s) if c.emulate else self.real_compute_s, sync, comm,
                      float(loss.detach()), int(ring_allreduce_bytes(nbytes, n)))
-        return flag is None or flag.item() == 0.0
+        if agreed is None or control is None:
+            return True
+        agreed.wait()
+        self._act_on_agreement(int(control[1].item()), [int(v) for v in control[2:].tolist()])
+        return control[0].item() == 0.0
+
+    def _act_on_agreement(self, settings: int, deltas: list[int]) -> None:
+        """What every member of the group holds by now: the settings of that version, and those peer deltas."""
+        assert self.plan is not None
+        if settings > self._applied_settings:
+            lr, share = self._settings[settings]
+            scale = replace(self.plan.scale, share=share)
+            with self.lock:
+                self._set_scale(lr, scale, self.plan.scale)
+            self.plan = replace(self.plan, scale=scale)
+            self._settings = {v: s for v, s in self._settings.items() if v >= settings}
+            self._applied_settings = settings
+        if any(deltas):
+            self._add_peer_deltas(self.inbox.take(deltas))
+
+    def _set_scale(self, lr: float, scale: StepScale, previous: StepScale | None) -> None:
+        """Step at ``lr`` times the scale's factor with its momentum; rescale the velocity from ``previous``."""
+        assert self.optimizer is not None
+        ratio = scale.velocity_ratio(previous) if previous is not None else 1.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * scale.lr_factor
+            if "momentum" in group and scale.momentum:
+                group["momentum"] = scale.group_momentum
+            if ratio != 1.0:
+                for p in group["params"]:
+                    buffer = self.optimizer.state.get(p, {}).get("momentum_buffer")
+                    if buffer is not None:
+                        buffer.mul_(ratio)
 
     def _record(self, t0: float, compute: float, sync: float, comm: float, loss: float, sent: int) -> None:
         """One iteration record, in the fields the server path's workers send."""
-        self._records.append({
-            "t": round(time.time() - t0, 6), "worker": self.w, "server": 0, "clock": self.iterations, "staleness": 0,
-            "compute_s": round(compute, 6), "compute_real_s": round(self.real_compute_s, 6),
+        assert self.plan is not None
+        record = {
+            "t": round(time.time() - t0, 6), "worker": self.w, "server": self.plan.index, "clock": self.iterations,
+            "staleness": 0, "compute_s": round(compute, 6), "compute_real_s": round(self.real_compute_s, 6),
             "wait_s": round(sync - comm, 6), "comm_s": round(comm, 6), "pull_s": 0.0, "loss": round(loss, 6),
             "bytes_up": sent, "bytes_down": sent,
-        })
+        }
+        with self.lock:
+            self._records.append(record)
 
     def _set_lr(self) -> None:
-        """The decayed learning rate at this step: from the iteration count, the same on every rank."""
+        """BSP: the decayed learning rate at this step, from the iteration count (the same on every rank)."""
         if not self.cfg.optimizer.lr_decay_epochs:
             return
         n = self.cfg.cluster.workers

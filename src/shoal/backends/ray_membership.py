@@ -107,6 +107,8 @@ class Membership:
         """One server per group: group 0 keeps server 0 (fresh optimizer), the others start from its copy."""
         import ray
 
+        if self.collective:
+            return self._collective_split(groups)
         self.epoch += 1
         policies = [self._live_policy(members) for members in groups]
         params, buffers, schedule = ray.get(self.servers[0].split.remote(policies[0], self.epoch))
@@ -138,6 +140,8 @@ class Membership:
         """Carry out the policy's moves: the new server admits, the old one releases, then the route."""
         import ray
 
+        if self.collective:
+            return self._collective_regroup(moves)
         self.epoch += 1
         live = [m for m in moves if m.worker in self.alive]
         try:
@@ -156,6 +160,8 @@ class Membership:
 
     def _share_updates(self) -> None:
         """Each group server's share of all updates (GSSP global momentum) and its exchange density."""
+        if self.collective:
+            return self._configure_groups()
         shares = self.gssp.update_shares() if self.cfg.sync.group_momentum == "global" else [None] * len(self.servers)
         for g, (server, share) in enumerate(zip(self.servers, shares)):
             server.set_update_share.remote(share, self._group_density(g))

@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from shoal.backends.ray_collective import CollectiveWorker
 from shoal.backends.ray_data import shard_ref
 from shoal.backends.ray_evaluator import Evaluator
 from shoal.backends.local_model import aggregation_schedule, outer_step, uses_local_models
@@ -208,32 +207,6 @@ class ActorSetup:
         if self.progress is not None:  # a full tick, so callbacks that read t and iterations keep working
             self.progress({"t": self.offset, "iterations": self.recorder.iterations, "accuracy": None,
                            "status": text})
-
-    def _start_collective(self) -> None:
-        """BSP on all-reduce: one CollectiveWorker per worker, one process group, no server (ray_collective)."""
-        import ray
-
-        # all-reduce ranks are never kept (a process group is not re-joined): kept actors free their CPUs for them
-        ActorPool.clear()
-        params, buffers = self.setup.engine.initial_state()
-        p_ref, b_ref = ray.put(params.numpy()), ray.put(buffers.numpy())
-        b = self.cfg.backend
-        options = {"num_cpus": b.cpus_per_worker, "num_gpus": b.gpus_per_worker, "max_concurrency": 8}
-        for w in range(self.n):
-            args = (w, self.cfg, self._shards[w], self.setup.dataset.num_classes, self.speeds[w],
-                    self.profile.compute_s, self.setup.n_train, p_ref, b_ref)
-            self.workers[w] = ray.remote(CollectiveWorker).options(**options).remote(*args)
-        self._wait_ready([self.evaluator])
-        local = not b.address
-        self._status(f"joining {self.n} workers into one all-reduce group")
-        init_method = ray.get(self.workers[0].rendezvous.remote(local))
-        ray.get([self.workers[w].join.remote(init_method, self.n, local) for w in range(self.n)],
-                timeout=STARTUP_TIMEOUT_S)
-        self.t0 = time.time() - self.offset
-        for w in range(self.n):
-            self.alive.add(w)
-            self._run_refs[self.workers[w].run.remote(self.t0)] = w
-        self.started = True
 
     def _start_switches(self) -> None:
         """One switch actor per aggregation switch of the plan; every worker learns its node, the server the workers."""

@@ -71,10 +71,8 @@ class SimBackend(SimMembership):
         self._switch_links = {s: SharedLink(self.env, bps) for s, bps in plan.switch_bps.items()} if plan else {}
         self._switch_streams: dict[tuple[str, int], list[Any]] = {}
         self.schedule = GDTopKSchedule.from_config(self.cfg.compression.gdtopk)
-        # BSP on all-reduce: a worker's push is its part of a ring all-reduce (its own link, no server)
+        # all-reduce groups (BSP, GSSP): a worker's push is its part of its group's ring all-reduce (no server)
         self.allreduce = self.cfg.sync.intra_group == "allreduce"
-        self.ring_bytes = int(ring_allreduce_bytes(4 * setup.engine.num_params, n))
-        self.ring_s = ring_allreduce_time(4 * setup.engine.num_params, n, self.profile.link_bps, self.profile.latency_s)
         self.exchanges = 0
         self.bytes_exchange = 0.0
         self.stop = self.env.event()
@@ -162,9 +160,10 @@ class SimBackend(SimMembership):
                 return
 
             t2 = self.env.now
+            ring_bytes, ring_s = self._ring(w) if self.allreduce else (0, 0.0)
             if self.allreduce:
-                push = replace(push, nbytes=self.ring_bytes)
-                yield self.env.timeout(self.ring_s)
+                push = replace(push, nbytes=ring_bytes)
+                yield self.env.timeout(ring_s)
             elif push.nbytes:
                 yield self.env.timeout(profile.latency_s)
                 if w in self.departed:
@@ -179,7 +178,14 @@ class SimBackend(SimMembership):
             target = self.server_of(w)  # a regroup may have moved this worker while it computed
             self._deliver(w, target, push, staleness=target.version - pulled_version if target is server else None,
                           waited=waited, compute=compute, pull_s=pull_s, push_s=push_s, loss=loss,
-                          down_bytes=self.ring_bytes if self.allreduce else pulled.nbytes)
+                          down_bytes=ring_bytes if self.allreduce else pulled.nbytes)
+
+    def _ring(self, w: int) -> tuple[int, float]:
+        """Bytes each member sends and seconds of the ring all-reduce of ``w``'s group (its members now)."""
+        members = len(self.gssp.groups[self.gssp.server_of[w]]) if self.gssp else len(self.stats)
+        nbytes = 4 * self.setup.engine.num_params
+        return (int(ring_allreduce_bytes(nbytes, members)),
+                ring_allreduce_time(nbytes, members, self.profile.link_bps, self.profile.latency_s))
 
     def _deliver(self, w: int, server: SimServer, push: Push, *, staleness: int | None, waited: float,
                  compute: float, pull_s: float, push_s: float, loss: float | None, down_bytes: int) -> None:

@@ -57,6 +57,18 @@ class GradientEngine:
             return torch.zeros(0)
         return torch.cat([b.detach().reshape(-1) for b in self._buffers]).clone()
 
+    def add_to_state(self, params_delta: torch.Tensor, buffers_delta: torch.Tensor) -> None:
+        """Add flat deltas to the module's parameters and float buffers in place (their tensors stay the same
+        objects, on their device: DDP keeps references to them)."""
+        with torch.no_grad():
+            for tensor, delta in zip([*self._params, *self._buffers], self._split(params_delta, buffers_delta)):
+                tensor.add_(delta.view_as(tensor))
+
+    def _split(self, params: torch.Tensor, buffers: torch.Tensor) -> list[torch.Tensor]:
+        sizes_p = [p.numel() for p in self._params]
+        sizes_b = [b.numel() for b in self._buffers]
+        return [*torch.split(params, sizes_p), *(torch.split(buffers, sizes_b) if sizes_b else ())]
+
     def _load(self, params: torch.Tensor, buffers: torch.Tensor) -> None:
         with torch.no_grad():
             vector_to_parameters(params, self._params)

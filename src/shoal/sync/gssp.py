@@ -16,6 +16,11 @@ what the first grouping chose.
 
 Membership may change (``join``, ``leave``): a joiner trains in the fastest
 group until it is profiled, then the next regroup places it by its speed.
+
+``intra_group = "allreduce"``: each group is synchronous instead (BSP, its
+members all-reduce their gradients and keep equal replicas), the exchange
+between groups stays asynchronous. An all-reduce cannot finish without a
+member, so nobody is excused as a transient straggler.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import numpy as np
 
 from shoal.cluster.grouping import Groups, IterationProfiler, Regrouper, canonical, choose_groups
 from shoal.config import SyncConfig
-from shoal.sync.policies import SSP
+from shoal.sync.base import SyncPolicy
+from shoal.sync.policies import BSP, SSP
 
 
 @dataclass(frozen=True)
@@ -61,8 +67,10 @@ class GSSP:
         regroup_cooldown_s: float = 0.0,
         transient_factor: float = 0.0,
         profile_confirm: int = 0,
+        intra_group: str = "server",
     ) -> None:
         self.workers, self.staleness, self.exchange_every = workers, staleness, exchange_every
+        self.allreduce = intra_group == "allreduce"
         self.groups_setting, self.threshold, self.max_groups = groups, threshold, max_groups
         self.split_ratio = split_ratio
         self.transient_factor = transient_factor
@@ -71,7 +79,7 @@ class GSSP:
         self.regrouper = Regrouper(groups, threshold, max_groups, regroup_margin, regroup_patience, split_ratio,
                                    regroup_cooldown_s) if regroup else None
         self.groups: Groups = [list(range(workers))]
-        self.policies: list[SSP] = [SSP(range(workers), staleness)]
+        self.policies: list[SyncPolicy] = [self._group_policy(range(workers))]
         self.server_of: dict[int, int] = {w: 0 for w in range(workers)}
         self.present: set[int] = set(range(workers))  # workers taking part now (joins and leaves change it)
         self.joined: set[int] = set()  # workers that joined after the start
@@ -82,8 +90,12 @@ class GSSP:
     def servers(self) -> int:
         return len(self.policies)
 
-    def policy(self, server: int) -> SSP:
+    def policy(self, server: int) -> SyncPolicy:
         return self.policies[server]
+
+    def _group_policy(self, members: Sequence[int]) -> SyncPolicy:
+        """A group's own sync: SSP on a group server, or BSP for an all-reduce group."""
+        return BSP(members) if self.allreduce else SSP(members, self.staleness)
 
     def observe(self, worker: int, iteration_s: float) -> bool | None:
         """Record one iteration time (compute + communication) of ``worker``.
@@ -100,7 +112,8 @@ class GSSP:
         backend can release waiters or tell the server.
         """
         self.profiler.observe(worker, iteration_s)
-        if not self.transient_factor or worker not in self.present or not (self.grouped or self.profile_confirm):
+        if not self.transient_factor or self.allreduce or worker not in self.present \
+                or not (self.grouped or self.profile_confirm):
             return None
         policy = self.policies[self.server_of[worker]]
         factor = self.transient_factor if self.grouped else min(self.transient_factor, self.split_ratio)
@@ -261,7 +274,7 @@ class GSSP:
 
     def _install(self, groups: Groups) -> None:
         self.groups = [sorted(g) for g in groups]
-        self.policies = [SSP(g, self.staleness) for g in self.groups]
+        self.policies = [self._group_policy(g) for g in self.groups]
         self.server_of = {w: s for s, g in enumerate(self.groups) for w in g}
         self._since_exchange = [0] * len(groups)
 
@@ -292,5 +305,5 @@ def gssp_from_config(sync: SyncConfig, workers: int) -> GSSP:
         max_groups=sync.max_groups, profile_iterations=sync.profile_iterations, profile_window=sync.profile_window,
         regroup=sync.regroup, regroup_margin=sync.regroup_margin, regroup_patience=sync.regroup_patience,
         split_ratio=sync.split_ratio, regroup_cooldown_s=sync.regroup_cooldown_s,
-        transient_factor=sync.transient_factor, profile_confirm=sync.profile_confirm,
+        transient_factor=sync.transient_factor, profile_confirm=sync.profile_confirm, intra_group=sync.intra_group,
     )
