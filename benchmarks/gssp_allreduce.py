@@ -56,7 +56,7 @@ def main() -> None:
     from shoal.backends.ray_session import start_local_ray
 
     load = os.getloadavg()[0]
-    start_local_ray(os.cpu_count() or 2)
+    start_local_ray(max(4, os.cpu_count() or 2))  # logical CPUs: 8 workers and up to 4 group servers at 0.25
     runs = [run(path, seed) for seed in args.seeds for path in PATHS]
     ray.shutdown()
     medians = {}

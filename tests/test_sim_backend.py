@@ -266,3 +266,21 @@ def test_a_gradients_weight_follows_the_workers_taking_part(fast_config, members
     backend = SimBackend(build_setup(cfg), RunRecorder())
     backend.run()
     assert backend.servers[0].weight == pytest.approx(1 / n)
+
+
+def test_gssp_on_allreduce_groups_pays_each_groups_own_ring_and_still_exchanges(fast_config, tmp_path):
+    """GSSP with all-reduce groups: one ring of all four while profiling, then a ring per group of two; the
+    groups are synchronous inside (in lockstep) and exchange their deltas."""
+    from shoal.engine.cost import ring_allreduce_time
+
+    cfg = fast_config("sync.scheme=gssp", "sync.intra_group=allreduce", "cluster.speeds=[1, 1, 4, 4]",
+                      "cluster.link_gbps=1", "cluster.latency_ms=0.5", "run.stop_at_target=false")
+    summary = train(cfg, tmp_path / "r")
+    assert sorted(summary["groups"]) == [[0, 1], [2, 3]] and summary["exchanges"] > 0
+    nbytes = 4 * summary["params"]
+    rings = {n: ring_allreduce_time(nbytes, n, 1e9, 0.5e-3) for n in (2, 4)}
+    its = [e for e in read_jsonl(tmp_path / "r" / "metrics.jsonl") if e["event"] == "iteration"]
+    done = {w["id"]: w["iterations"] for w in summary["per_worker"]}
+    assert abs(done[0] - done[1]) <= 1 and abs(done[2] - done[3]) <= 1 < done[0] - done[2]  # lockstep inside
+    assert all(any(e["comm_s"] == pytest.approx(r) for r in rings.values()) for e in its)
+    assert its[0]["comm_s"] == pytest.approx(rings[4]) and its[-1]["comm_s"] == pytest.approx(rings[2])
