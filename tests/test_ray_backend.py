@@ -529,6 +529,38 @@ def test_a_failed_rank_ends_an_allreduce_run_cleanly(ray_session):
     assert [f["worker"] for f in summary["failures"]] == [2] and summary["final_accuracy"] is not None
 
 
+def test_gssp_on_allreduce_groups_splits_exchanges_and_keeps_each_groups_replicas_equal(ray_session):
+    """One all-reduce group while profiling, then a DDP group per speed tier: every member of a group ends with
+    exactly the same replica (the same peer deltas and settings after the same iteration), the groups differ
+    (asynchronous exchange), and the split paused the cluster once, measured."""
+    cfg = ray_config("sync.scheme=gssp", "sync.intra_group=allreduce", "cluster.speeds=[1, 1, 4, 4]",
+                     "cluster.emulate=true", "run.stop_at_target=false", "run.max_time_s=8")
+    stream = io.StringIO()
+    backend = RayBackend(build_setup(cfg), RunRecorder(stream=stream))
+    states: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    evaluate = backend._final_evaluation
+
+    def capture() -> None:  # every rank has stopped after its group's agreed iteration
+        states.update(zip(range(4), ray.get([backend.workers[w].state.remote() for w in range(4)])))
+        evaluate()
+
+    backend._final_evaluation = capture
+    signal.alarm(150)
+    try:
+        summary = backend.run()
+    finally:
+        signal.alarm(0)
+    assert summary["stop_reason"] == "time_budget" and sorted(summary["groups"]) == [[0, 1], [2, 3]]
+    assert summary["exchanges"] > 0 and summary["bytes_exchange"] > 0 and backend.servers == []
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [e["reason"] for e in events if e["event"] == "groups"][:2] == ["start", "profiled"]
+    assert any(e["event"] == "regroup_pause" and e["form_s"] > 0 for e in events)
+    for a, b in ((0, 1), (2, 3)):
+        assert np.array_equal(states[a][0], states[b][0]) and np.array_equal(states[a][1], states[b][1])
+    assert not np.array_equal(states[0][0], states[2][0])
+    assert summary["final_accuracy"] > 0.5
+
+
 def test_workers_load_their_own_shards_and_refuse_data_that_is_not_the_drivers(ray_session, tmp_path):
     """Each worker loads the data itself (the driver sends indices and a digest); a data function that draws
     other samples in every process (unseeded) is caught by the digest before any training, in one line."""

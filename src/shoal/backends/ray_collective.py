@@ -13,11 +13,11 @@ broadcasts them). BSP: the learning rate follows ``optimizer.lr_decay_epochs``
 from the iteration count, the same on every rank.
 
 Agreement: every few iterations (about 50 ms, the same period on every
-rank) the ranks all-reduce (MIN) one small vector on a second gloo group:
-the stop flag, the newest optimizer settings each holds, and how many of
-each peer group's deltas each holds (group_exchange). It starts before
-the forward pass and is awaited after the step, so every member leaves,
-changes its settings and adds peer deltas after the same iteration.
+rank) the ranks all-reduce (MIN) one small vector on a second gloo group
+after the step: the stop flag, the newest optimizer settings each holds,
+and how many of each peer group's deltas each holds (group_exchange). So
+every member leaves, changes its settings and adds peer deltas after the
+same iteration, and a stop asked for during an iteration ends that one.
 
 GSSP between groups: every ``exchange_every`` rounds the group's first rank
 sends the group's own delta (what its optimizer steps changed since the last
@@ -40,7 +40,6 @@ comm: what the worker's iteration takes without waiting.
 
 from __future__ import annotations
 
-import gc
 import os
 import queue
 import socket
@@ -220,9 +219,8 @@ class CollectiveWorker:
     def _leave_group(self) -> None:
         import torch.distributed as dist
 
-        if dist.is_initialized():
+        if dist.is_initialized():  # no gc.collect (0.8 s in an actor): a dropped DDP's hooks no longer reduce
             self.ddp, self.control = None, None
-            gc.collect()  # the old DDP's reducer takes its autograd hooks off the parameters
             dist.destroy_process_group()
 
     def _measure_compute(self, repeats: int = 3) -> float:
@@ -363,12 +361,7 @@ class CollectiveWorker:
             raise RuntimeError(f"worker {self.w}: injected failure")
         plan, c = self.plan, self.cfg.cluster
         assert plan is not None and self.optimizer is not None
-        control, agreed = None, None
-        if self.iterations % self.stop_every == 0:
-            newest = max(self._settings)
-            control = torch.tensor([-1.0 if self._stopping else 0.0, float(newest), *self.inbox.available()],
-                                   dtype=torch.float64)
-            agreed = dist.all_reduce(control, op=dist.ReduceOp.MIN, group=self.control, async_op=True)
+        agree = self.iterations % self.stop_every == 0
         x, y = self.stream.next()
         x, y = x.to(self.device), y.to(self.device)
         target = self.compute_s * self.speed * self.stragglers.factor(self.w)
@@ -395,9 +388,14 @@ class CollectiveWorker:
             self._send_own()
         self._record(t0, max(target, self.real_compute_s) if c.emulate else self.real_compute_s, sync, comm,
                      float(loss.detach()), int(ring_allreduce_bytes(nbytes, n)))
-        if agreed is None or control is None:
+        if not agree:
             return True
-        agreed.wait()
+        # after the step, so a stop asked for during this iteration ends it (not the next); a few values on
+        # loopback or one latency on a network, every AGREE_EVERY_S
+        newest = max(self._settings)
+        control = torch.tensor([-1.0 if self._stopping else 0.0, float(newest), *self.inbox.available()],
+                               dtype=torch.float64)
+        dist.all_reduce(control, op=dist.ReduceOp.MIN, group=self.control)
         self._act_on_agreement(int(control[1].item()), [int(v) for v in control[2:].tolist()])
         return control[0].item() == 0.0
 
