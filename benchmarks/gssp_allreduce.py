@@ -8,8 +8,12 @@ between groups through the object store), in turn within each seed, on one
 embedded Ray. Reported per run: time to 94%, final accuracy, iterations,
 the groups, and (all-reduce) the pauses the regroups took.
 
-Usage: .venv/bin/python benchmarks/gssp_allreduce.py [--seeds 0 1 2]
-Writes benchmarks/results/gssp_allreduce.{json,md}.
+``--model mlp``: the same cluster with the MLP [1024, 1024] (1.9 M
+parameters, 31x LeNet-5's), where moving the model through a group server
+costs more than the emulated compute.
+
+Usage: .venv/bin/python benchmarks/gssp_allreduce.py [--seeds 0 1 2] [--model lenet5|mlp]
+Writes benchmarks/results/gssp_allreduce.{json,md} (``--model mlp``: gssp_allreduce-mlp.*).
 """
 
 from __future__ import annotations
@@ -30,14 +34,17 @@ BASE = ["sync.scheme=gssp", "backend.name=ray", "backend.cpus_per_worker=0.25", 
 PATHS = ("server", "allreduce")
 
 
-def run(intra_group: str, seed: int) -> dict[str, Any]:
+MODELS = {"lenet5": [], "mlp": ["model.name=mlp", "model.hidden=[1024, 1024]"]}
+
+
+def run(intra_group: str, seed: int, model: str) -> dict[str, Any]:
     from shoal.backends.ray import RayBackend
     from shoal.config import load_config
     from shoal.engine.metrics import RunRecorder
     from shoal.engine.setup import build_setup
 
     stream = io.StringIO()
-    cfg = load_config(CONFIG, [*BASE, f"sync.intra_group={intra_group}", f"run.seed={seed}"])
+    cfg = load_config(CONFIG, [*BASE, *MODELS[model], f"sync.intra_group={intra_group}", f"run.seed={seed}"])
     summary = RayBackend(build_setup(cfg), RunRecorder(stream=stream)).run()
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     pauses = [round(e["stop_s"] + e["settle_s"] + e["form_s"], 2) for e in events if e["event"] == "regroup_pause"]
@@ -50,6 +57,7 @@ def run(intra_group: str, seed: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--model", choices=sorted(MODELS), default="lenet5")
     args = parser.parse_args()
     import ray
 
@@ -57,7 +65,7 @@ def main() -> None:
 
     load = os.getloadavg()[0]
     start_local_ray(max(4, os.cpu_count() or 2))  # logical CPUs: 8 workers and up to 4 group servers at 0.25
-    runs = [run(path, seed) for seed in args.seeds for path in PATHS]
+    runs = [run(path, seed, args.model) for seed in args.seeds for path in PATHS]
     ray.shutdown()
     medians = {}
     for path in PATHS:
@@ -65,9 +73,10 @@ def main() -> None:
         reached = [t for t in times if t is not None]
         medians[path] = {"reached": len(reached), "of": len(times),
                          "median_time_to_target_s": round(statistics.median(reached), 2) if reached else None}
-    result = {**provenance(), "machine": {"cpus": os.cpu_count(), "load": round(load, 2)}, "runs": runs,
+    result = {**provenance(), "model": args.model, "machine": {"cpus": os.cpu_count(), "load": round(load, 2)}, "runs": runs,
               "medians": medians}
-    lines = ["# GSSP on ray: all-reduce groups against SSP group servers (examples/mnist_tiers.toml)", "",
+    title = "examples/mnist_tiers.toml" + ("" if args.model == "lenet5" else ", the MLP [1024, 1024]")
+    lines = [f"# GSSP on ray: all-reduce groups against SSP group servers ({title})", "",
              f"Target 94%, 60 s budget, seeds {args.seeds}, both paths in turn per seed on one embedded Ray; commit "
              f"`{result['git_commit'][:10]}`; command: `{result['command']}`; {os.cpu_count()} cores, load average "
              f"before {result['machine']['load']}.", "",
@@ -82,7 +91,7 @@ def main() -> None:
     for path, m in medians.items():
         lines.append(f"| {path} | {m['reached']} of {m['of']} | {m['median_time_to_target_s'] or '-'} |")
     lines.append("")
-    write_results("gssp_allreduce", result, "\n".join(lines))
+    write_results("gssp_allreduce" + ("" if args.model == "lenet5" else f"-{args.model}"), result, "\n".join(lines))
 
 
 if __name__ == "__main__":

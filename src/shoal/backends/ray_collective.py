@@ -23,9 +23,10 @@ GSSP between groups: every ``exchange_every`` rounds the group's first rank
 sends the group's own delta (what its optimizer steps changed since the last
 send, not what peers sent) through the object store to each peer group's
 first rank, from a thread, so the group's rounds never wait for it; that
-rank hands the reference to its members. A regroup stops every group,
-sends what is left, applies everything delivered (the replicas are then
-equal) and forms the new groups (``form``).
+rank hands the reference to its members (ray_collective_exchange). A
+regroup stops every group, sends what is left, applies everything
+delivered (the replicas are then equal) and forms the new groups
+(``form``).
 
 Emulation (``cluster.emulate``) pads as the server path does: before the
 forward pass up to the profile's compute time, after the step up to a ring
@@ -54,6 +55,7 @@ import numpy as np
 import torch
 
 from shoal.backends.group_exchange import DeltaInbox, StepScale
+from shoal.backends.ray_collective_exchange import GroupExchange
 from shoal.backends.ray_data import ShardRef
 from shoal.backends.ray_wire import Link, actor_device, actor_threads, quiet_readonly_numpy
 from shoal.backends.ray_worker import worker_shard
@@ -83,7 +85,7 @@ class GroupPlan:
     exchange_every: int = 0
 
 
-class CollectiveWorker:
+class CollectiveWorker(GroupExchange):
     """One rank of an all-reduce group: its shard, its module under DDP, its optimizer, its group's exchange."""
 
     def __init__(self, worker: int, cfg: Config, data: ShardRef | tuple[np.ndarray, np.ndarray], num_classes: int,
@@ -115,6 +117,7 @@ class CollectiveWorker:
         self._settings: dict[int, tuple[float, float | None]] = {}  # version -> (lr, share), newest agreed applied
         self._applied_settings = 0
         self.inbox = DeltaInbox(1)
+        self.inbox_lock = threading.Lock()  # deliveries arrive on Ray's threads, the loop takes them
         self._own: tuple[torch.Tensor, torch.Tensor] | None = None  # first rank: the state at the last send
         self._received: tuple[torch.Tensor, torch.Tensor] | None = None  # ... and the peer deltas added since
         self._rounds, self._sent = 0, 0
@@ -175,6 +178,7 @@ class CollectiveWorker:
         self.inbox = DeltaInbox(plan.groups)
         self._rounds, self._sent, self._stopping = 0, 0, False
         self.bare_allreduce_s = self._measure_allreduce()
+        self._own, self._received = None, None
         if plan.leaders:
             self._own = self.engine.initial_state()
             self._received = tuple(torch.zeros_like(t) for t in self._own)  # type: ignore[assignment]
@@ -262,87 +266,6 @@ class CollectiveWorker:
             params, buffers = self.engine.initial_state()
         return params.cpu().numpy(), buffers.cpu().numpy()
 
-    # -- the exchange between GSSP groups -------------------------------------------------------
-
-    def deliver(self, sender: int, seq: int, epoch: int, delta: list[Any]) -> None:
-        """First rank: a peer group's delta (a reference in a list, so Ray does not fetch it here). Waits out
-        the emulated peer link, then hands it to every member; returns once all hold it."""
-        import ray
-
-        assert self.plan is not None
-        time.sleep(self.peer_link.seconds(self._delta_bytes()))
-        others = [h for h in self.plan.member_handles if h is not None]
-        ray.get([h.receive.remote(sender, seq, epoch, delta) for h in others])
-        self.receive(sender, seq, epoch, delta)
-
-    def receive(self, sender: int, seq: int, epoch: int, delta: list[Any]) -> None:
-        if self.plan is not None and epoch == self.plan.epoch:
-            self.inbox.put(sender, seq, delta[0])
-
-    def flush(self) -> None:
-        """First rank, the group stopped: send the own delta not sent yet; return once every delivery arrived."""
-        import ray
-
-        if self.plan is not None and self.plan.leaders:
-            self._send_own()
-            self._outbox.join()
-            ray.get(self._deliveries)
-            self._deliveries = []
-
-    def settle(self) -> None:
-        """The group stopped and every delivery arrived: add every peer delta held (the same on every member)."""
-        self._add_peer_deltas(self.inbox.take_all())
-
-    def _send_own(self) -> None:
-        """Queue the group's own delta since the last send for the sender thread (the round goes on)."""
-        assert self._own is not None and self._received is not None and self.plan is not None
-        now = self.engine.initial_state()
-        own = [n - b - r for n, b, r in zip(now, self._own, self._received)]
-        self._own, self._received = now, tuple(torch.zeros_like(t) for t in now)  # type: ignore[assignment]
-        self._rounds = 0
-        if self._sender is None:
-            self._sender = threading.Thread(target=self._send_loop, daemon=True)
-            self._sender.start()
-        self._outbox.put((self.plan, self._sent, own[0].cpu().numpy(), own[1].cpu().numpy()))
-        self._sent += 1
-
-    def _send_loop(self) -> None:
-        """Put each own delta into the object store once and send it to every peer group's first rank, each
-        copy after the last has left the emulated egress."""
-        import ray
-
-        while True:
-            plan, seq, params, buffers = self._outbox.get()
-            try:
-                ref = ray.put((params, buffers))
-                peers = [h for g, h in enumerate(plan.leaders) if g != plan.index and h is not None]
-                for peer in peers:
-                    time.sleep(self.peer_link.seconds(self._delta_bytes()))
-                    self._deliveries.append(peer.deliver.remote(plan.index, seq, plan.epoch, [ref]))
-                self._deliveries = ray.wait(self._deliveries, num_returns=len(self._deliveries), timeout=0)[1]
-                with self.lock:
-                    self._records.append({"event": "exchange", "t": round(time.time() - self._t0, 6),
-                                          "group": plan.index, "bytes": self._delta_bytes() * len(peers)})
-            finally:
-                self._outbox.task_done()
-
-    def _delta_bytes(self) -> int:
-        return 4 * (self.engine.num_params + self.engine.num_buffer_values)
-
-    def _add_peer_deltas(self, deltas: list[Any]) -> None:
-        """Add peer groups' deltas (object references) to the replica; they never count as this group's own."""
-        import ray
-
-        for ref in deltas:
-            params, buffers = ray.get(ref)
-            delta = (torch.from_numpy(np.array(params)).to(self.device),
-                     torch.from_numpy(np.array(buffers)).to(self.device))
-            with self.lock:
-                self.engine.add_to_state(*delta)
-            if self._received is not None:
-                for total, part in zip(self._received, delta):
-                    total.add_(part)
-
     # -- the loop ----------------------------------------------------------------------------
 
     def run(self, t0: float) -> str:
@@ -392,8 +315,9 @@ class CollectiveWorker:
             return True
         # after the step, so a stop asked for during this iteration ends it (not the next); a few values on
         # loopback or one latency on a network, every AGREE_EVERY_S
-        newest = max(self._settings)
-        control = torch.tensor([-1.0 if self._stopping else 0.0, float(newest), *self.inbox.available()],
+        with self.inbox_lock:
+            held = self.inbox.available()
+        control = torch.tensor([-1.0 if self._stopping else 0.0, float(max(self._settings)), *held],
                                dtype=torch.float64)
         dist.all_reduce(control, op=dist.ReduceOp.MIN, group=self.control)
         self._act_on_agreement(int(control[1].item()), [int(v) for v in control[2:].tolist()])
@@ -403,7 +327,7 @@ class CollectiveWorker:
         """What every member of the group holds by now: the settings of that version, and those peer deltas."""
         assert self.plan is not None
         if settings > self._applied_settings:
-            lr, share = self._settings[settings]
+            lr, share = self._agreed_settings(settings)
             scale = replace(self.plan.scale, share=share)
             with self.lock:
                 self._set_scale(lr, scale, self.plan.scale)
@@ -411,7 +335,19 @@ class CollectiveWorker:
             self._settings = {v: s for v, s in self._settings.items() if v >= settings}
             self._applied_settings = settings
         if any(deltas):
-            self._add_peer_deltas(self.inbox.take(deltas))
+            with self.inbox_lock:
+                taken = self.inbox.take(deltas)
+            self._add_peer_deltas(taken)
+
+    def _agreed_settings(self, version: int) -> tuple[float, float | None]:
+        """The settings of ``version``: a member that already holds a newer one may still wait for this one (the
+        driver sent it first, but a threaded actor may run calls out of order); it is on its way."""
+        deadline = time.monotonic() + JOIN_TIMEOUT.total_seconds()
+        while version not in self._settings:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker {self.w}: optimizer settings {version} never arrived")
+            time.sleep(0.001)
+        return self._settings[version]
 
     def _set_scale(self, lr: float, scale: StepScale, previous: StepScale | None) -> None:
         """Step at ``lr`` times the scale's factor with its momentum; rescale the velocity from ``previous``."""

@@ -107,7 +107,10 @@ class CollectiveGroups:
         for w in self.alive:
             self.workers[w].stop.remote()
         refs = list(self._run_refs)
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=FORM_TIMEOUT_S)
+        ready, running = ray.wait(refs, num_returns=len(refs), timeout=FORM_TIMEOUT_S)
+        if running:
+            raise RuntimeError(f"{len(running)} all-reduce ranks did not stop within {FORM_TIMEOUT_S:.0f} s "
+                               "for a regroup")
         for ref in ready:
             try:
                 ray.get(ref)
