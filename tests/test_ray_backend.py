@@ -483,6 +483,46 @@ def test_ray_rejects_what_it_does_not_run(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+# -- reserving the actors (placement groups) --------------------------------------------------------
+
+
+def test_a_cluster_that_cannot_hold_the_run_fails_fast_in_one_line_and_keeps_nothing(ray_session, monkeypatch):
+    monkeypatch.setattr(ActorPool, "enabled", False)  # reserved when actors are not kept between runs
+    ActorPool.clear()
+    other_job = ray.util.placement_group([{"CPU": 1.5}])  # CPUs another job holds on a shared cluster
+    assert other_job.wait(timeout_seconds=10)
+    try:  # 4 workers and a server at 0.25 CPU: 1.25 of the 2 CPUs the instance has, but only 0.5 are free
+        start = time.monotonic()
+        with pytest.raises(ConfigError, match=r"cannot place this run's actors \(4 workers x 0.25 CPU, 1 servers"):
+            run_backend(ray_config())
+        assert time.monotonic() - start < 20
+        assert [pg["state"] for pg in ray.util.placement_group_table().values()].count("CREATED") == 1
+    finally:
+        ray.util.remove_placement_group(other_job)
+
+
+def test_reserved_actors_train_and_a_restarted_worker_takes_its_predecessors_bundle(ray_session, monkeypatch):
+    """4 x 0.4 + 0.25 of 2 CPUs are reserved: 0.15 stay free, so the restart fits only in the dead worker's
+    bundle. The group is removed at the end."""
+    monkeypatch.setattr(ActorPool, "enabled", False)
+    ActorPool.clear()
+    seen: list[dict] = []
+
+    def fail(backend, info):
+        if info["iterations"] >= 20 and not backend.failures:
+            seen.extend(pg for pg in ray.util.placement_group_table().values() if pg["state"] == "CREATED")
+            backend.workers[1].fail_next.remote()
+
+    signal.alarm(150)
+    try:
+        _, summary = run_backend(ray_config("backend.cpus_per_worker=0.4", "backend.max_restarts=1"), fail)
+    finally:
+        signal.alarm(0)
+    assert summary["stop_reason"] == "target_reached" and summary["restarts"] == 1
+    assert len(seen) == 1 and len(seen[0]["bundles"]) == 5 and seen[0]["strategy"] == "PACK"
+    assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
+
+
 # -- BSP on all-reduce (torch.distributed inside the actors) ---------------------------------------
 
 

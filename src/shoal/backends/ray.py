@@ -29,6 +29,7 @@ from shoal.backends.local_model import uses_local_models
 from shoal.backends.ray_collective_groups import CollectiveGroups
 from shoal.backends.ray_evaluator import mean_state
 from shoal.backends.ray_membership import Membership
+from shoal.backends.ray_placement import Reservation
 from shoal.backends.ray_recovery import Recovery
 from shoal.backends.ray_server_recovery import ServerRecovery
 from shoal.backends.ray_wire import first_line
@@ -109,6 +110,7 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         self._recent: deque[tuple[float, int]] = deque()
         self._keys: dict[Any, tuple[Any, ...]] = {}
         self._drain_sent: dict[int, float] = {}  # when each worker's pending drain was asked (liveness)
+        self.reservation: Reservation | None = None  # the start-up actors' placement group (ray_placement)
         self.evaluator: Any = None
         self._eval_pending: tuple[float, Any] | None = None
         self._speed_changes = sorted(self.cfg.cluster.speed_changes, key=lambda c: c.at_s)
@@ -438,6 +440,8 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
                 ray.kill(handle, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+        if self.reservation is not None:
+            self.reservation.release()
 
     def _summary(self, wall_s: float) -> dict[str, Any]:
         totals = [self._server_totals.get(i, {}) for i in range(len(self.servers))]

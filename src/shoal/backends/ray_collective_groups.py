@@ -43,7 +43,7 @@ class CollectiveGroups:
         for w in range(self.n):
             args = (w, self.cfg, self._shards[w], self.setup.dataset.num_classes, self.speeds[w],
                     self.profile.compute_s, self.setup.n_train, p_ref, b_ref)
-            self.workers[w] = ray.remote(CollectiveWorker).options(**options).remote(*args)
+            self.workers[w] = self._placed(CollectiveWorker, options, args, "worker")
         self._wait_ready([self.evaluator])
         self._status(f"joining {self.n} workers into one all-reduce group")
         self._settings_version = 0

@@ -80,6 +80,7 @@ class Membership:
         self._evicted.pop(w, None)
         if w in self.workers:
             ray.kill(self.workers[w], no_restart=True)
+            self._free_bundle(self.workers[w])
         self._reweigh()
         self.recorder.event("worker_left", t=self.now(), worker=w, group=group)
 
@@ -121,6 +122,7 @@ class Membership:
             ray.get([s.set_similarity.remote(schedule, self._slices()) for s in new])
         for spare in surplus:
             ray.kill(spare)
+            self._free_bundle(spare)
         self.spares = []
         self.servers = [self.servers[0], *new]
         ray.get([s.set_peers.remote(self.servers, self.t0) for s in self.servers])

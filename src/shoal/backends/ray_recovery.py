@@ -121,6 +121,7 @@ class Recovery:
             self.dead.add(w)
             return True
         ray.kill(self.workers[w], no_restart=True)
+        self._free_bundle(self.workers[w])
         if not restart:
             self.dead.add(w)
             return False

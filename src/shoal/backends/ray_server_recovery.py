@@ -76,6 +76,7 @@ class ServerRecovery:
         """Record the failure and start a new server process in its place (the driver loop goes on meanwhile)."""
         if g in self._replacing.values():
             return
+        self._free_bundle(self.servers[g])  # its replacement takes the dead server's reserved bundle
         t = round(self.now(), 6)
         self._retired_totals.append(self._server_totals.pop(g, {}))
         self._server_drains.pop(g, None)

@@ -17,6 +17,7 @@ from shoal.backends.ray_data import shard_ref
 from shoal.backends.ray_evaluator import Evaluator
 from shoal.backends.local_model import aggregation_schedule, outer_step, uses_local_models
 from shoal.backends.ray_server import GroupServer
+from shoal.backends.ray_placement import bundle, reserve
 from shoal.backends.ray_session import ActorPool
 from shoal.backends.ray_wire import Link, actor_threads
 from shoal.backends.ray_worker import Worker
@@ -30,6 +31,7 @@ from shoal.sync.policies import SSP
 
 STARTUP_TIMEOUT_S = 300.0
 CLUSTER_GROW_S = 20.0  # how long a joined cluster may take to offer the CPUs a run requests (autoscaling)
+LOCAL_PLACE_S = 5.0  # a local Ray has the CPUs it declared, or other actors hold them: nothing to wait for
 
 
 def wait_for_cpus(needed: float, cpus: Callable[[], float], timeout_s: float, poll_s: float = 1.0,
@@ -89,7 +91,7 @@ class ActorSetup:
 
     def _server_actor(self, index: int) -> Any:
         options = {"num_cpus": self.cfg.backend.cpus_per_server, "max_concurrency": 10_000}
-        return self._actor(GroupServer, options, self._server_args(index))
+        return self._actor(GroupServer, options, self._server_args(index), "server")
 
     def _worker_actor(self, w: int) -> Any:
         b = self.cfg.backend
@@ -97,10 +99,41 @@ class ActorSetup:
         args = (w, self.cfg, data, self.setup.dataset.num_classes, self.speeds[w], self.profile.compute_s,
                 self.setup.download_bytes, self._density(w))
         options = {"num_cpus": b.cpus_per_worker, "num_gpus": b.gpus_per_worker, "max_concurrency": 1000}
-        return self._actor(Worker, options, args)
+        return self._actor(Worker, options, args, "worker")
 
-    def _actor(self, cls: type, options: dict[str, Any], args: tuple[Any, ...]) -> Any:
-        """A new actor, or a kept one re-initialised (ActorPool)."""
+    def _placed(self, cls: type, options: dict[str, Any], args: tuple[Any, ...], kind: str) -> Any:
+        """A new actor, in a free reserved bundle of ``kind`` if there is one (ray_placement)."""
+        import ray
+
+        extra, index = self.reservation.take(kind) if self.reservation is not None else ({}, None)
+        handle = ray.remote(cls).options(**options, **extra).remote(*args)
+        if index is not None:
+            self.reservation.bind(handle._actor_id, kind, index)
+        return handle
+
+    def _free_bundle(self, handle: Any) -> None:
+        """``handle``'s actor is gone or being ended: its bundle is free for its replacement."""
+        if self.reservation is not None:
+            self.reservation.free(handle._actor_id)
+
+    def _reserve(self) -> None:
+        """Reserve every worker and server the run starts with, as one placement group (ray_placement).
+
+        Skipped when actors are kept between runs (ActorPool): a kept actor
+        would outlive its run's placement group.
+        """
+        if ActorPool.enabled and self.where == "existing":
+            return
+        b = self.cfg.backend
+        servers = 0 if self.collective else 1 + self._predicted_spares() + b.standby_servers
+        actors = {"worker": (self.n, bundle(b.cpus_per_worker, b.gpus_per_worker)),
+                  "server": (servers, bundle(b.cpus_per_server))}
+        self._status(f"reserving {self.n + servers} actors")
+        where = f"the Ray cluster at {b.address!r}" if b.address else "the local Ray instance"
+        self.reservation = reserve(actors, CLUSTER_GROW_S if b.address else LOCAL_PLACE_S, where)
+
+    def _actor(self, cls: type, options: dict[str, Any], args: tuple[Any, ...], kind: str) -> Any:
+        """A new actor (in a reserved bundle of ``kind`` if free), or a kept one re-initialised (ActorPool)."""
         import ray
 
         key = (cls.__name__, *sorted(options.items()))
@@ -108,7 +141,7 @@ class ActorSetup:
         if handle is not None:  # waited for: an async actor may run later calls before an earlier one
             ray.get(handle.reinit.remote(*args))
         else:
-            handle = ray.remote(cls).options(**options).remote(*args)
+            handle = self._placed(cls, options, args, kind)
         self._keys[handle._actor_id] = key
         return handle
 
@@ -151,6 +184,7 @@ class ActorSetup:
         import ray
 
         self._check_resources()
+        self._reserve()
         self._put_shards()
         self._start_evaluator()
         if self.collective:
@@ -182,7 +216,7 @@ class ActorSetup:
 
         ds = self.setup.dataset
         args = (self.cfg, ray.put(ds.x_test.numpy()), ray.put(ds.y_test.numpy()), ds.num_classes, ds.input_shape)
-        self.evaluator = self._actor(Evaluator, {"num_cpus": 0, "max_concurrency": 1}, args)
+        self.evaluator = self._actor(Evaluator, {"num_cpus": 0, "max_concurrency": 1}, args, "evaluator")
 
     def _wait_ready(self, others: list[Any]) -> None:
         """Every worker and ``others`` answered a ping (workers report their pid and device)."""
