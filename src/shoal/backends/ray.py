@@ -217,6 +217,9 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         if r.get("event") == "exchange":  # an all-reduce group's first rank sent its delta
             self._count_exchange(r)
             return
+        if "event" in r:  # a first rank could not send it (exchange_error)
+            self.recorder.event(r.pop("event"), **r)
+            return
         w = r["worker"]
         stats = self.stats[w]
         stats.iterations += 1

@@ -81,10 +81,15 @@ class GroupExchange:
                 for peer in peers:
                     time.sleep(self.peer_link.seconds(self._delta_bytes()))
                     self._deliveries.append(peer.deliver.remote(plan.index, seq, plan.epoch, [ref]))
-                self._deliveries = ray.wait(self._deliveries, num_returns=len(self._deliveries), timeout=0)[1]
+                if self._deliveries:  # keep only the ones still in flight
+                    self._deliveries = ray.wait(self._deliveries, num_returns=len(self._deliveries), timeout=0)[1]
                 with self.lock:
                     self._records.append({"event": "exchange", "t": round(time.time() - self._t0, 6),
                                           "group": plan.index, "bytes": self._delta_bytes() * len(peers)})
+            except Exception as err:  # noqa: BLE001 - the thread must go on serving the queue (flush joins it)
+                with self.lock:
+                    self._records.append({"event": "exchange_error", "t": round(time.time() - self._t0, 6),
+                                          "group": plan.index, "error": f"{type(err).__name__}: {err}"})
             finally:
                 self._outbox.task_done()
 
