@@ -332,7 +332,8 @@ class CollectiveWorker(GroupExchange):
             with self.lock:
                 self._set_scale(lr, scale, self.plan.scale)
             self.plan = replace(self.plan, scale=scale)
-            self._settings = {v: s for v, s in self._settings.items() if v >= settings}
+            for old in [v for v in list(self._settings) if v < settings]:  # in place: configure() may add one now
+                self._settings.pop(old, None)
             self._applied_settings = settings
         if any(deltas):
             with self.inbox_lock:
