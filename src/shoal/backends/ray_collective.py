@@ -13,11 +13,14 @@ broadcasts them). BSP: the learning rate follows ``optimizer.lr_decay_epochs``
 from the iteration count, the same on every rank.
 
 Agreement: every few iterations (about 50 ms, the same period on every
-rank) the ranks all-reduce (MIN) one small vector on a second gloo group
-after the step: the stop flag, the newest optimizer settings each holds,
-and how many of each peer group's deltas each holds (group_exchange). So
-every member leaves, changes its settings and adds peer deltas after the
-same iteration, and a stop asked for during an iteration ends that one.
+rank) the ranks all-reduce (MIN) one small vector on a second gloo group:
+the stop flag, the newest optimizer settings each holds, and how many of
+each peer group's deltas each holds (group_exchange). So every member
+leaves, changes its settings and adds peer deltas after the same
+iteration. BSP starts it before the forward pass and awaits it after the
+step (hidden behind compute; a stop ends the next iteration); GSSP takes
+it after the step, blocking, so a regroup's stop ends the iteration it was
+asked in (the whole cluster waits for it).
 
 GSSP between groups: every ``exchange_every`` rounds the group's first rank
 sends the group's own delta (what its optimizer steps changed since the last
@@ -278,13 +281,15 @@ class CollectiveWorker(GroupExchange):
         return "stop"
 
     def _iteration(self, t0: float) -> bool:
-        import torch.distributed as dist
-
         if self._fail_next:
             raise RuntimeError(f"worker {self.w}: injected failure")
         plan, c = self.plan, self.cfg.cluster
         assert plan is not None and self.optimizer is not None
         agree = self.iterations % self.stop_every == 0
+        # BSP: overlapped with this iteration's compute (taken after the step it cost the MLP on 2 ranks about a
+        # quarter), awaited after the step. GSSP: after the step, blocking: a regroup's stop ends this iteration
+        overlapped = agree and self.cfg.sync.scheme == "bsp"
+        control, agreed = self._agreement(overlapped) if overlapped else (None, None)
         x, y = self.stream.next()
         x, y = x.to(self.device), y.to(self.device)
         target = self.compute_s * self.speed * self.stragglers.factor(self.w)
@@ -313,15 +318,22 @@ class CollectiveWorker(GroupExchange):
                      float(loss.detach()), int(ring_allreduce_bytes(nbytes, n)))
         if not agree:
             return True
-        # after the step, so a stop asked for during this iteration ends it (not the next); a few values on
-        # loopback or one latency on a network, every AGREE_EVERY_S
+        if overlapped:
+            agreed.wait()
+        else:
+            control, _ = self._agreement(False)
+        self._act_on_agreement(int(control[1].item()), [int(v) for v in control[2:].tolist()])
+        return control[0].item() == 0.0
+
+    def _agreement(self, overlapped: bool) -> tuple[torch.Tensor, Any]:
+        """Start (overlapped) or take the group's MIN all-reduce of the stop flag, settings and deltas held."""
+        import torch.distributed as dist
+
         with self.inbox_lock:
             held = self.inbox.available()
         control = torch.tensor([-1.0 if self._stopping else 0.0, float(max(self._settings)), *held],
                                dtype=torch.float64)
-        dist.all_reduce(control, op=dist.ReduceOp.MIN, group=self.control)
-        self._act_on_agreement(int(control[1].item()), [int(v) for v in control[2:].tolist()])
-        return control[0].item() == 0.0
+        return control, dist.all_reduce(control, op=dist.ReduceOp.MIN, group=self.control, async_op=overlapped)
 
     def _act_on_agreement(self, settings: int, deltas: list[int]) -> None:
         """What every member of the group holds by now: the settings of that version, and those peer deltas."""
