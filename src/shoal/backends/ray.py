@@ -214,11 +214,8 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         self._after_records()
 
     def _record(self, r: dict[str, Any]) -> None:
-        if r.get("event") == "exchange":  # an all-reduce group's first rank sent its delta
-            self._count_exchange(r)
-            return
-        if "event" in r:  # a first rank could not send it (exchange_error)
-            self.recorder.event(r.pop("event"), **r)
+        if "event" in r:  # an all-reduce group's first rank: its delta sent (or not)
+            self._rank_event(r)
             return
         w = r["worker"]
         stats = self.stats[w]

@@ -70,7 +70,7 @@ class CollectiveGroups:
         """Each rank's plan: its group, rank, step scale; a first rank also gets the peers it exchanges with."""
         opt, sync = self.cfg.optimizer, self.cfg.sync
         exchanging = self.gssp is not None and len(groups) > 1
-        shares = self.gssp.update_shares() if exchanging and sync.group_momentum == "global" else [None] * len(groups)
+        shares = self._shares(groups)
         leaders = tuple(self.workers[g[0]] if g else None for g in groups) if exchanging else ()
         total = self.cfg.run.max_iterations
         budget = max(1, total // self.n) if total and self._ranks_stop_themselves() else 0
@@ -155,20 +155,26 @@ class CollectiveGroups:
     def _configure_groups(self) -> None:
         """The decayed learning rate and each group's share of all updates (global momentum), to every rank;
         a group's ranks switch to them after the same iteration."""
-        grouped = self.gssp is not None and self.gssp.grouped and len(self._formed) > 1
-        global_momentum = grouped and self.cfg.sync.group_momentum == "global"
-        shares = self.gssp.update_shares() if global_momentum else [None] * len(self._formed)
         self._settings_version += 1
-        for members, share in zip(self._formed, shares):
+        for members, share in zip(self._formed, self._shares(self._formed)):
             for w in members:
                 self.workers[w].configure.remote(self.epoch, self._settings_version, self.lr, share)
+
+    def _shares(self, groups: list[list[int]]) -> list[float | None]:
+        """Each group's share of all updates under GSSP's global momentum (None: its optimizer's own momentum)."""
+        if self.gssp is not None and len(groups) > 1 and self.cfg.sync.group_momentum == "global":
+            return self.gssp.update_shares()
+        return [None] * len(groups)
 
     def _collective_states(self) -> list[Any]:
         """What is evaluated: each group's first rank's replica (its members hold the same)."""
         return [self.workers[g[0]].state.remote() for g in self._formed if g]
 
-    def _count_exchange(self, event: dict[str, Any]) -> None:
-        """A first rank sent its group's delta: the summary's exchange counters, the run's event."""
-        self._exchange_totals["exchanges"] += 1
-        self._exchange_totals["bytes_exchange"] += event["bytes"]
-        self.recorder.event("exchange", t=event["t"], group=event["group"], bytes=event["bytes"])
+    def _rank_event(self, event: dict[str, Any]) -> None:
+        """An event a first rank recorded: ``exchange`` (its group's delta sent: the summary's counters too) or
+        ``exchange_error`` (a send that failed)."""
+        kind = event.pop("event")
+        if kind == "exchange":
+            self._exchange_totals["exchanges"] += 1
+            self._exchange_totals["bytes_exchange"] += event["bytes"]
+        self.recorder.event(kind, **event)
