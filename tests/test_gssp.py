@@ -34,9 +34,10 @@ def test_one_group_until_profiled_then_natural_breaks():
     assert p.initial_split() is None  # only once
 
 
-def _confirming(workers: int = 4, confirm: int = 4) -> GSSP:
+def _confirming(workers: int = 4, span: float = 15.0) -> GSSP:
+    """Confirmation over 15 of the fastest worker's 0.1 s iterations: 4 iterations of a 4x worker, 2 of an 8x one."""
     return GSSP(workers, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, split_ratio=1.5,
-                transient_factor=2.0, profile_confirm=confirm)
+                transient_factor=2.0, confirm_span=span)
 
 
 def test_a_slow_spell_at_the_start_does_not_split_the_cluster():
@@ -45,7 +46,7 @@ def test_a_slow_spell_at_the_start_does_not_split_the_cluster():
     p = _confirming()
     _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=2)
     assert p.policy(0).excused == {3}
-    assert p.initial_split() is None  # profiled, but slow-looking and not yet slow 4 times in a row
+    assert p.initial_split() is None  # profiled, but slow-looking and not yet slow for 1.5 s in a row
     _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=1)
     _profile(p, [0.1, 0.1, 0.1, 0.1], rounds=1)  # the spell ends: readmitted at once
     assert p.policy(0).excused == set()
@@ -54,45 +55,51 @@ def test_a_slow_spell_at_the_start_does_not_split_the_cluster():
     assert p.initial_split() == [[0, 1, 2, 3]]
 
 
-def test_a_worker_slow_for_profile_confirm_iterations_in_a_row_is_split_off():
+def test_a_worker_slow_for_confirm_span_fastest_iterations_in_a_row_is_split_off():
     p = _confirming()
     _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=3)
-    assert p.initial_split() is None
+    assert p.initial_split() is None  # slow for 1.2 s
     _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=1)
+    assert p.initial_split() == [[0, 1, 2], [3]]  # 1.6 s >= 15 x 0.1 s
+
+
+def test_confirmation_is_measured_in_time_so_a_far_slower_worker_confirms_in_fewer_iterations():
+    p = _confirming()
+    _profile(p, [0.1, 0.1, 0.1, 0.8], rounds=2)  # 8x: 1.6 s in 2 iterations (a 4x worker needs 4)
     assert p.initial_split() == [[0, 1, 2], [3]]
 
 
 def test_a_burst_of_spells_with_fast_iterations_between_is_never_confirmed_and_the_window_ends_the_wait():
-    p = _confirming(confirm=8)
-    for i in range(9):  # slow 6 in 7: the low quantile says slow, but never 8 in a row
+    p = _confirming(span=30)
+    for i in range(9):  # slow 6 in 7: the low quantile says slow, but never 8 in a row (3.2 s >= 3.0 s)
         _profile(p, [0.1, 0.1, 0.1, 0.1 if i % 7 == 0 else 0.4], rounds=1)
         assert p.initial_split() is None
     _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=1)  # the 10th iteration fills the window: grouped as measured,
-    assert p.initial_split() == [[0, 1, 2, 3]]  # as fast as the fastest of its last 8
+    assert p.initial_split() == [[0, 1, 2, 3]]  # as fast as the fastest of its last 3 s
 
 
-def test_profile_confirm_0_splits_on_the_profile_alone():
-    p = _confirming(confirm=0)
+def test_confirm_span_0_splits_on_the_profile_alone():
+    p = _confirming(span=0)
     _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=2)
     assert p.initial_split() == [[0, 1, 2], [3]]
 
 
 def test_a_paper_gssp_splits_on_the_profile_alone():
-    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, split_ratio=1.5, profile_confirm=4)
+    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, split_ratio=1.5, confirm_span=15)
     _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=2)
     assert p.policy(0).excused == set() and p.initial_split() == [[0, 1, 2], [3]]
 
 
 def test_a_burst_of_spells_after_the_split_does_not_move_a_worker():
-    """Regrouping sees a worker as fast as the fastest of its last profile_confirm iterations."""
+    """Regrouping sees a worker as fast as the fastest of its iterations in the last confirm_span x 0.1 s."""
     p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=1, profile_window=10, regroup_patience=1,
-             split_ratio=1.5, transient_factor=2.0, profile_confirm=4)
-    _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=4)  # workers 2 and 3 confirm their speed
+             split_ratio=1.5, transient_factor=2.0, confirm_span=30)
+    _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=4)  # workers 2 and 3 confirm their speed (3.2 s >= 3 s)
     assert p.initial_split() == [[0, 1], [2, 3]]
     for i in range(10):  # worker 0 slow 9 of 10 (its low quantile says 0.8), with a fast one 3 iterations ago
         _profile(p, [0.1 if i == 7 else 0.8, 0.1, 0.8, 0.8], rounds=1)
     assert p.check_regroup() == []
-    _profile(p, [0.8, 0.1, 0.8, 0.8], rounds=2)  # now 4 in a row: it moves
+    _profile(p, [0.8, 0.1, 0.8, 0.8], rounds=2)  # now 4 in a row, 3.2 s: it moves
     assert [(m.worker, m.new) for m in p.check_regroup()] == [(0, 1)]
 
 
@@ -146,7 +153,7 @@ def test_a_joiner_trains_in_the_fastest_group_until_profiled_then_moves_to_its_s
 
 def test_a_joiner_that_starts_in_a_slow_spell_stays_in_the_fast_group():
     p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, regroup_patience=1,
-             split_ratio=1.5, transient_factor=2.0, profile_confirm=4)
+             split_ratio=1.5, transient_factor=2.0, confirm_span=30)
     _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=4)
     assert p.initial_split() == [[0, 1], [2, 3]]
     p.join(4)
@@ -155,7 +162,7 @@ def test_a_joiner_that_starts_in_a_slow_spell_stays_in_the_fast_group():
         _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=1)
         assert p.check_regroup() == []
     assert p.groups == [[0, 1, 4], [2, 3]]
-    for _ in range(4):  # slow 4 in a row: confirmed, it moves
+    for _ in range(4):  # slow 4 in a row (3.2 s): confirmed, it moves
         p.observe(4, 0.8)
     assert [(m.worker, m.new) for m in p.check_regroup()] == [(4, 1)]
 
@@ -312,13 +319,13 @@ def test_gssp_frees_the_fast_workers_that_bsp_holds_back(fast_config, tmp_path):
     assert gssp["iterations"] - before - 8 <= sum(gssp["group_updates"]) <= gssp["iterations"] - before + 8
 
 
-def test_with_profile_confirm_the_slow_tier_confirms_its_speed_before_the_split(fast_config, tmp_path):
-    gssp = train(_gssp(fast_config, "sync.profile_confirm=12"), tmp_path / "g")
+def test_with_confirm_span_the_slow_tier_confirms_its_speed_before_the_split(fast_config, tmp_path):
+    gssp = train(_gssp(fast_config, "sync.confirm_span=96"), tmp_path / "g")
     assert gssp["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     events = read_jsonl(tmp_path / "g" / "metrics.jsonl")
     split = next(e["t"] for e in events if e["event"] == "groups" and e["reason"] == "profiled")
     slow_before = [e for e in events if e["event"] == "iteration" and e["t"] <= split and e["worker"] >= 4]
-    assert 4 * 12 <= len(slow_before) <= 4 * 13  # 12 slow iterations in a row each (the last may be in flight)
+    assert 4 * 10 <= len(slow_before) <= 4 * 13  # 96 fastest iterations: about 12 of the 8x tier's each
     fast_before = [e for e in events if e["event"] == "iteration" and e["t"] <= split and e["worker"] < 4]
     assert len(fast_before) > 4 * 8 * 12 * 0.9  # nobody waited for them meanwhile (8x as fast)
 
@@ -345,12 +352,12 @@ def test_transient_stragglers_do_not_cause_regrouping(fast_config, tmp_path):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_with_profile_confirm_a_uniform_cluster_with_slow_spells_keeps_one_group(fast_config, tmp_path, seed):
+def test_with_confirm_span_a_uniform_cluster_with_slow_spells_keeps_one_group(fast_config, tmp_path, seed):
     """16 equal workers, 4x spells of 5 iterations: some worker is in a spell when profiled on most seeds."""
     cfg = fast_config("sync.scheme=gssp", "backend.mode=cost", "cluster.workers=16", "cluster.profile=uniform",
                       "cluster.stragglers.probability=0.05", "cluster.stragglers.slowdown=4",
                       "cluster.stragglers.duration=5", "run.max_time_s=10", f"run.seed={seed}",
-                      "sync.profile_confirm=12")
+                      "sync.confirm_span=48")
     summary = train(cfg, tmp_path / "r")
     assert summary["groups"] == [list(range(16))]
 
@@ -403,3 +410,17 @@ def test_a_share_change_keeps_what_the_velocity_still_moves(before, after):
     for _ in range(600):
         r.apply([torch.zeros(3)], 1.0)
     assert torch.allclose(-r.params.detach(), 0.1 / (1 - 0.9) * g, rtol=1e-4)
+
+
+def test_a_global_exchange_clock_sends_in_proportion_to_each_groups_share_of_updates():
+    """Shares from the profile: 3 workers at 0.1 s make 30 updates/s, one at 1.0 s makes 1 (of 31)."""
+    p = GSSP(4, staleness=1, exchange_every=4, profile_iterations=1, exchange_clock="global")
+    _profile(p, [0.1, 0.1, 0.1, 1.0], rounds=1)
+    assert p.initial_split() == [[0, 1, 2], [3]]
+    assert p.exchange_periods() == [round(4 * 30 / 31 * 2), 1]  # the slow group sends every update of its own
+    assert [p.local_update(1) for _ in range(2)] == [True, True]
+    assert [p.local_update(0) for _ in range(8)] == [False] * 7 + [True]
+    own = GSSP(4, staleness=1, exchange_every=4, profile_iterations=1)
+    _profile(own, [0.1, 0.1, 0.1, 1.0], rounds=1)
+    own.initial_split()
+    assert own.exchange_periods() == [4, 4]  # the paper's clock: own updates only

@@ -71,6 +71,7 @@ class CollectiveGroups:
         opt, sync = self.cfg.optimizer, self.cfg.sync
         exchanging = self.gssp is not None and len(groups) > 1
         shares = self._shares(groups)
+        periods = self.gssp.exchange_periods() if exchanging else [0] * len(groups)
         leaders = tuple(self.workers[g[0]] if g else None for g in groups) if exchanging else ()
         total = self.cfg.run.max_iterations
         budget = max(1, total // self.n) if total and self._ranks_stop_themselves() else 0
@@ -84,7 +85,7 @@ class CollectiveGroups:
                     index=index, rank=rank, members=tuple(members), groups=len(groups), scale=scale, lr=self.lr,
                     epoch=self.epoch, budget=budget, leaders=leaders if first else (),
                     member_handles=tuple(self.workers[m] for m in members[1:]) if first and exchanging else (),
-                    exchange_every=sync.exchange_every if exchanging else 0)
+                    exchange_every=periods[index])
         return plans
 
     def _launch_ranks(self) -> None:

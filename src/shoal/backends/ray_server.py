@@ -170,12 +170,14 @@ class GroupServer:
         if self.schedule is not None:
             self.schedule.reset()
 
-    def set_update_share(self, share: float | None, density: float) -> None:
+    def set_update_share(self, share: float | None, density: float, exchange_every: int) -> None:
         """GSSP: this server's fraction of all updates (global momentum, Replica.set_update_share; None: the
-        paper's own momentum) and the density its exchange is compressed at."""
+        paper's own momentum), the density its exchange is compressed at and its own updates between sends
+        (GSSP.exchange_periods)."""
         if self.replica is not None and share is not None:
             self.replica.set_update_share(share)
         self.exchange_density = density
+        self.exchange_every = exchange_every
 
     def set_transient(self, worker: int, straggling: bool) -> None:
         """GSSP: stop waiting for a transient straggler (True), or count it again (False)."""

@@ -383,6 +383,7 @@ class SimBackend(SimMembership):
     def _share_updates(self) -> bool:
         """GSSP global momentum: tell each group server its share of all updates (always True)."""
         assert self.gssp is not None
+        self.gssp.exchange_periods()
         if self.cfg.sync.group_momentum == "global":
             for server, share in zip(self.servers, self.gssp.update_shares()):
                 if server.replica is not None:

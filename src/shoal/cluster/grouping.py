@@ -11,7 +11,6 @@ Everything here is pure: no clocks, only numbers in and groups out.
 from __future__ import annotations
 
 from collections import deque
-from itertools import islice
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -45,9 +44,19 @@ class IterationProfiler:
         self._recent[worker].append(seconds)
         self._estimate[worker] = float(np.quantile(self._recent[worker], self.quantile))
 
-    def least_recent(self, worker: int, n: int) -> float:
-        """The fastest of ``worker``'s last ``n`` iterations (at most the window)."""
-        return min(islice(reversed(self._recent[worker]), n), default=float("inf"))
+    def recent_span(self, worker: int, seconds: float) -> tuple[float, float]:
+        """The fastest of ``worker``'s latest iterations that together last ``seconds``, and how long they last.
+
+        Looks back at most over the window; so the second number is under
+        ``seconds`` while the worker has not run that long (or that long within
+        its window). At least the latest iteration counts.
+        """
+        fastest, lasted = float("inf"), 0.0
+        for t in reversed(self._recent[worker]):
+            fastest, lasted = min(fastest, t), lasted + t
+            if lasted >= seconds:
+                break
+        return fastest, lasted
 
     def add(self) -> int:
         """Profile one more worker (a joiner); returns its id."""

@@ -7,8 +7,9 @@ accumulated deltas every ``exchange_every`` local updates, without waiting.
 
 Lifecycle: the run starts as one group (SSP over everyone) while the
 profiler measures iteration times; after ``profile_iterations`` per worker
-(and, for a worker that looks slow, ``profile_confirm`` slow ones in a row:
-a slow spell is not a slow worker) the workers are split into
+(and, for a worker that looks slow, slow iterations in a row for
+``confirm_span`` of the fastest worker's iteration times: a slow spell is
+not a slow worker) the workers are split into
 natural-breaks groups and every group server starts from a copy of that
 single replica (so no delta is in flight at the split). Later regroups move
 workers between the existing group servers; the number of servers stays
@@ -66,15 +67,17 @@ class GSSP:
         split_ratio: float = 1.0,
         regroup_cooldown_s: float = 0.0,
         transient_factor: float = 0.0,
-        profile_confirm: int = 0,
+        confirm_span: float = 0.0,
         intra_group: str = "server",
+        exchange_clock: str = "own",
     ) -> None:
         self.workers, self.staleness, self.exchange_every = workers, staleness, exchange_every
         self.allreduce = intra_group == "allreduce"
+        self.exchange_clock = exchange_clock
         self.groups_setting, self.threshold, self.max_groups = groups, threshold, max_groups
         self.split_ratio = split_ratio
         self.transient_factor = transient_factor
-        self.profile_confirm = profile_confirm
+        self.confirm_span = confirm_span
         self.profiler = IterationProfiler(workers, warmup=profile_iterations, window=profile_window)
         self.regrouper = Regrouper(groups, threshold, max_groups, regroup_margin, regroup_patience, split_ratio,
                                    regroup_cooldown_s) if regroup else None
@@ -85,6 +88,7 @@ class GSSP:
         self.joined: set[int] = set()  # workers that joined after the start
         self.grouped = False
         self._since_exchange = [0]
+        self._periods = [exchange_every]
 
     @property
     def servers(self) -> int:
@@ -104,7 +108,7 @@ class GSSP:
         speed marks a transient straggler: its group stops waiting for it
         (``SyncPolicy.excuse``) until an iteration at that speed readmits it.
         The reference is the worker's own profiled speed after the split. With
-        ``profile_confirm`` it is the fastest profiled worker's before the
+        ``confirm_span`` it is the fastest profiled worker's before the
         split (a worker's own profile is not known yet then): so while the
         split waits for slow-looking workers to confirm their speed, nobody
         waits for them.
@@ -113,7 +117,7 @@ class GSSP:
         """
         self.profiler.observe(worker, iteration_s)
         if not self.transient_factor or self.allreduce or worker not in self.present \
-                or not (self.grouped or self.profile_confirm):
+                or not (self.grouped or self.confirm_span):
             return None
         policy = self.policies[self.server_of[worker]]
         factor = self.transient_factor if self.grouped else min(self.transient_factor, self.split_ratio)
@@ -134,30 +138,33 @@ class GSSP:
 
         Telling a slow spell from a slow worker takes as long as the spell.
         A worker whose profile is over ``split_ratio`` times the fastest (slow
-        enough to be split off) is split off only once its last
-        ``profile_confirm`` iterations were all that slow; while any of them
-        was fast it is measured on (its running low quantile forgets a spell
-        that ended), at most for ``profile_window`` iterations. Its slow
+        enough to be split off) is split off only once its iterations were all
+        that slow for the last ``confirm_span`` times the fastest worker's
+        iteration time; while any of them was fast it is measured on (its
+        running low quantile forgets a spell that ended), at most for
+        ``profile_window`` iterations. Measured in time, not in its own
+        iterations, so a worker far slower than any spell confirms in few
+        of them. Its slow
         iterations are excused meanwhile (``observe``), so the wait costs the
         others little. ``fastest``: ``_fastest()``, read once by the caller for all workers.
         """
         profiler = self.profiler
         if not profiler.profiled(worker):
             return False
-        if not self.transient_factor or not self.profile_confirm or profiler.count[worker] >= profiler.window:
+        if not self.transient_factor or not self.confirm_span or profiler.count[worker] >= profiler.window:
             return True
         limit = self.split_ratio * fastest
         if profiler.times()[worker] <= limit:
             return True
-        confirmed = profiler.least_recent(worker, self.profile_confirm) > limit
-        return profiler.count[worker] >= self.profile_confirm and confirmed
+        least, lasted = profiler.recent_span(worker, self.confirm_span * fastest)
+        return lasted >= self.confirm_span * fastest and least > limit
 
     def local_update(self, server: int) -> bool:
         """Count one update applied at ``server``; True when it should send its delta to peers."""
         if self.servers == 1:
             return False
         self._since_exchange[server] += 1
-        if self._since_exchange[server] >= self.exchange_every:
+        if self._since_exchange[server] >= self._periods[server]:
             self._since_exchange[server] = 0
             return True
         return False
@@ -202,14 +209,16 @@ class GSSP:
         """The present workers' ids and the times grouping sees (nobody who left).
 
         With ``transient_factor`` a worker also counts as fast as the fastest
-        of its last ``profile_confirm`` iterations: it moves to a slower group
-        only once that many in a row were slow, not on a burst of spells that
-        fills most of the window (speed-ups show after one fast iteration).
+        of its iterations in the last ``confirm_span`` times the fastest
+        worker's iteration time: it moves to a slower group only once it was
+        slow that long in a row, not on a burst of spells that fills most of
+        the window (speed-ups show after one fast iteration).
         """
         ids = sorted(self.present)
         times = self.profiler.times()
-        if self.transient_factor and self.profile_confirm:
-            return ids, [min(times[w], self.profiler.least_recent(w, self.profile_confirm)) for w in ids]
+        if self.transient_factor and self.confirm_span:
+            span = self.confirm_span * self._fastest()
+            return ids, [min(times[w], self.profiler.recent_span(w, span)[0]) for w in ids]
         return ids, [times[w] for w in ids]
 
     def initial_split(self) -> Groups | None:
@@ -272,11 +281,30 @@ class GSSP:
         total = sum(rates)
         return [r / total if total else 0.0 for r in rates]
 
+    def exchange_periods(self) -> list[int]:
+        """Each group server's own updates between two sends of its delta (what ``local_update`` counts from now on).
+
+        ``exchange_clock = "own"``: ``exchange_every`` for every server, as
+        the paper. ``"global"``: in proportion to the server's share of all
+        updates, ``exchange_every`` for a group of average share; so every
+        group sends about equally often *in time*, and a slow group's delta
+        is not many of its (large, under global momentum) steps old when it
+        arrives. Backends call this whenever they tell servers their shares.
+        """
+        shares = self.update_shares()
+        if self.exchange_clock == "global" and self.servers > 1:
+            active = sum(1 for share in shares if share > 0) or 1
+            self._periods = [max(1, round(self.exchange_every * share * active)) for share in shares]
+        else:
+            self._periods = [self.exchange_every] * self.servers
+        return list(self._periods)
+
     def _install(self, groups: Groups) -> None:
         self.groups = [sorted(g) for g in groups]
         self.policies = [self._group_policy(g) for g in self.groups]
         self.server_of = {w: s for s, g in enumerate(self.groups) for w in g}
         self._since_exchange = [0] * len(groups)
+        self._periods = [self.exchange_every] * len(groups)
 
     @property
     def idle_servers(self) -> list[int]:
@@ -305,5 +333,6 @@ def gssp_from_config(sync: SyncConfig, workers: int) -> GSSP:
         max_groups=sync.max_groups, profile_iterations=sync.profile_iterations, profile_window=sync.profile_window,
         regroup=sync.regroup, regroup_margin=sync.regroup_margin, regroup_patience=sync.regroup_patience,
         split_ratio=sync.split_ratio, regroup_cooldown_s=sync.regroup_cooldown_s,
-        transient_factor=sync.transient_factor, profile_confirm=sync.profile_confirm, intra_group=sync.intra_group,
+        transient_factor=sync.transient_factor, confirm_span=sync.confirm_span, intra_group=sync.intra_group,
+        exchange_clock=sync.exchange_clock,
     )
