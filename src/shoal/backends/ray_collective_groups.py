@@ -68,7 +68,7 @@ class CollectiveGroups:
 
     def _plans(self, groups: list[list[int]]) -> dict[int, GroupPlan]:
         """Each rank's plan: its group, rank, step scale; a first rank also gets the peers it exchanges with."""
-        opt, sync = self.cfg.optimizer, self.cfg.sync
+        opt = self.cfg.optimizer
         exchanging = self.gssp is not None and len(groups) > 1
         shares = self._shares(groups)
         periods = self.gssp.exchange_periods() if exchanging else [0] * len(groups)

@@ -156,8 +156,9 @@ class GSSP:
         limit = self.split_ratio * fastest
         if profiler.times()[worker] <= limit:
             return True
-        least, lasted = profiler.recent_span(worker, self.confirm_span * fastest)
-        return lasted >= self.confirm_span * fastest and least > limit
+        span = self.confirm_span * fastest
+        least, lasted = profiler.recent_span(worker, span)
+        return lasted >= span and least > limit
 
     def local_update(self, server: int) -> bool:
         """Count one update applied at ``server``; True when it should send its delta to peers."""
@@ -291,8 +292,8 @@ class GSSP:
         is not many of its (large, under global momentum) steps old when it
         arrives. Backends call this whenever they tell servers their shares.
         """
-        shares = self.update_shares()
         if self.exchange_clock == "global" and self.servers > 1:
+            shares = self.update_shares()
             active = sum(1 for share in shares if share > 0) or 1
             self._periods = [max(1, round(self.exchange_every * share * active)) for share in shares]
         else:
