@@ -300,10 +300,10 @@ NOTES = """## Where the time goes
   the least of three no-sync forward + backward passes at start-up, so under
   load it reads low and its exposed communication high; DDP's is the same
   step without the all-reduce, measured in turn.
-- shoal server (`"server"`): gate + pull + compute + push in sequence; the
-  worker asks its server for the full parameter vector (one actor call),
-  computes, then ships the full gradient (a second call), and the server
-  applies the update before the barrier opens.
+- shoal server (`"server"`): compute, then one actor call that ships the
+  full gradient, waits at the barrier while the server applies the round,
+  and brings back the next round's full parameter vector
+  (`backend.combined_pull`); nothing of it overlaps the compute.
 - All ranks share the machine's cores: with more ranks than cores, compute
   and the all-reduce's own threads compete (DDP's own exposed communication
   is 1.6-3x the bare all-reduce here), so exposed communication is an upper
