@@ -84,6 +84,26 @@ def test_confirm_span_0_splits_on_the_profile_alone():
     assert p.initial_split() == [[0, 1, 2], [3]]
 
 
+def test_when_as_many_as_confirm_fraction_look_slow_nobody_confirms_and_the_split_is_on_the_profiles():
+    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, split_ratio=1.5,
+             transient_factor=2.0, confirm_span=15, confirm_fraction=0.5)
+    _profile(p, [0.1, 0.1, 0.4, 0.4], rounds=2)  # 2 of 4 look slow: spread speeds, not spells
+    assert not p.confirming() and p.policy(0).excused == set()
+    assert p.initial_split() == [[0, 1], [2, 3]]
+
+
+def test_when_fewer_than_confirm_fraction_look_slow_they_confirm_and_nobody_is_excused_before_all_are_profiled():
+    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, split_ratio=1.5,
+             transient_factor=2.0, confirm_span=15, confirm_fraction=0.5)
+    _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=1)
+    assert not p.confirming() and p.policy(0).excused == set()  # not decided before every worker is profiled
+    _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=1)  # 1 of 4 looks slow: it may be a spell
+    assert p.confirming() and p.policy(0).excused == {3}
+    assert p.initial_split() is None
+    _profile(p, [0.1, 0.4, 0.4, 0.4], rounds=2)  # decided once: more slow-looking workers do not undo it
+    assert p.confirming()
+
+
 def test_a_paper_gssp_splits_on_the_profile_alone():
     p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, split_ratio=1.5, confirm_span=15)
     _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=2)
@@ -320,14 +340,25 @@ def test_gssp_frees_the_fast_workers_that_bsp_holds_back(fast_config, tmp_path):
 
 
 def test_with_confirm_span_the_slow_tier_confirms_its_speed_before_the_split(fast_config, tmp_path):
-    gssp = train(_gssp(fast_config, "sync.confirm_span=96"), tmp_path / "g")
+    gssp = train(_gssp(fast_config, "sync.confirm_span=96", "sync.confirm_fraction=1"), tmp_path / "g")
     assert gssp["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     events = read_jsonl(tmp_path / "g" / "metrics.jsonl")
     split = next(e["t"] for e in events if e["event"] == "groups" and e["reason"] == "profiled")
     slow_before = [e for e in events if e["event"] == "iteration" and e["t"] <= split and e["worker"] >= 4]
     assert 4 * 10 <= len(slow_before) <= 4 * 13  # 96 fastest iterations: about 12 of the 8x tier's each
     fast_before = [e for e in events if e["event"] == "iteration" and e["t"] <= split and e["worker"] < 4]
-    assert len(fast_before) > 4 * 8 * 12 * 0.9  # nobody waited for them meanwhile (8x as fast)
+    # nobody waited for them once all were profiled (8x as fast); their 3 profiling iterations were waited for
+    assert len(fast_before) > 4 * 8 * (12 - 3) * 0.9
+
+
+def test_when_half_the_workers_look_slow_the_split_is_taken_on_the_profiles_as_without_confirmation(
+        fast_config, tmp_path):
+    """Tiers of 1x and 8x: 4 of 8 look slow, so speeds are spread; the default run is the confirm_span = 0 one."""
+    default = train(_gssp(fast_config), tmp_path / "d")
+    plain = train(_gssp(fast_config, "sync.confirm_span=0"), tmp_path / "p")
+    assert default["groups"] == plain["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    for key in ("iterations", "final_accuracy", "group_updates", "exchanges"):
+        assert default[key] == plain[key]
 
 
 def test_sustained_slowdown_is_regrouped_within_bounded_iterations(fast_config, tmp_path):
@@ -352,12 +383,12 @@ def test_transient_stragglers_do_not_cause_regrouping(fast_config, tmp_path):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_with_confirm_span_a_uniform_cluster_with_slow_spells_keeps_one_group(fast_config, tmp_path, seed):
-    """16 equal workers, 4x spells of 5 iterations: some worker is in a spell when profiled on most seeds."""
+def test_by_default_a_uniform_cluster_with_slow_spells_keeps_one_group(fast_config, tmp_path, seed):
+    """16 equal workers, 4x spells of 5 iterations: some worker is in a spell when profiled on most seeds;
+    the few that look slow confirm their speed (confirm_span, on by default) and never do."""
     cfg = fast_config("sync.scheme=gssp", "backend.mode=cost", "cluster.workers=16", "cluster.profile=uniform",
                       "cluster.stragglers.probability=0.05", "cluster.stragglers.slowdown=4",
-                      "cluster.stragglers.duration=5", "run.max_time_s=10", f"run.seed={seed}",
-                      "sync.confirm_span=48")
+                      "cluster.stragglers.duration=5", "run.max_time_s=10", f"run.seed={seed}")
     summary = train(cfg, tmp_path / "r")
     assert summary["groups"] == [list(range(16))]
 

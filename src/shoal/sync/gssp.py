@@ -9,7 +9,8 @@ Lifecycle: the run starts as one group (SSP over everyone) while the
 profiler measures iteration times; after ``profile_iterations`` per worker
 (and, for a worker that looks slow, slow iterations in a row for
 ``confirm_span`` of the fastest worker's iteration times: a slow spell is
-not a slow worker) the workers are split into
+not a slow worker; only when fewer than ``confirm_fraction`` of the workers
+look slow, since spread speeds make many look slow) the workers are split into
 natural-breaks groups and every group server starts from a copy of that
 single replica (so no delta is in flight at the split). Later regroups move
 workers between the existing group servers; the number of servers stays
@@ -68,6 +69,7 @@ class GSSP:
         regroup_cooldown_s: float = 0.0,
         transient_factor: float = 0.0,
         confirm_span: float = 0.0,
+        confirm_fraction: float = 1.0,
         intra_group: str = "server",
         exchange_clock: str = "own",
     ) -> None:
@@ -77,7 +79,8 @@ class GSSP:
         self.groups_setting, self.threshold, self.max_groups = groups, threshold, max_groups
         self.split_ratio = split_ratio
         self.transient_factor = transient_factor
-        self.confirm_span = confirm_span
+        self.confirm_span, self.confirm_fraction = confirm_span, confirm_fraction
+        self._confirm: bool | None = None  # whether slow-looking workers confirm (decided once all are profiled)
         self.profiler = IterationProfiler(workers, warmup=profile_iterations, window=profile_window)
         self.regrouper = Regrouper(groups, threshold, max_groups, regroup_margin, regroup_patience, split_ratio,
                                    regroup_cooldown_s) if regroup else None
@@ -107,17 +110,16 @@ class GSSP:
         An iteration over ``transient_factor`` times the worker's reference
         speed marks a transient straggler: its group stops waiting for it
         (``SyncPolicy.excuse``) until an iteration at that speed readmits it.
-        The reference is the worker's own profiled speed after the split. With
-        ``confirm_span`` it is the fastest profiled worker's before the
-        split (a worker's own profile is not known yet then): so while the
-        split waits for slow-looking workers to confirm their speed, nobody
-        waits for them.
+        The reference is the worker's own profiled speed after the split. While
+        the split waits for slow-looking workers to confirm their speed
+        (``confirming``) it is the fastest profiled worker's (a worker's own
+        profile is not known yet then), so nobody waits for them.
         Returns True (excused), False (readmitted) or None (no change), so the
         backend can release waiters or tell the server.
         """
         self.profiler.observe(worker, iteration_s)
         if not self.transient_factor or self.allreduce or worker not in self.present \
-                or not (self.grouped or self.confirm_span):
+                or not (self.grouped or self.confirming()):
             return None
         policy = self.policies[self.server_of[worker]]
         factor = self.transient_factor if self.grouped else min(self.transient_factor, self.split_ratio)
@@ -132,6 +134,27 @@ class GSSP:
     def _fastest(self) -> float:
         times = self.profiler.times()
         return min((times[w] for w in self.present if self.profiler.count[w]), default=float("inf"))
+
+    def confirming(self) -> bool:
+        """Whether slow-looking workers must confirm their speed before the split (and before a regroup moves them).
+
+        Decided once, when every present worker is first profiled: only with
+        ``confirm_span`` and ``transient_factor``, and only when fewer than
+        ``confirm_fraction`` of the present workers look over ``split_ratio``
+        times the fastest. Slow spells hit a few workers at a time; when many
+        look slow, speeds are truly spread, and the split is taken on the
+        profiles at once (exactly as with ``confirm_span = 0``): confirming
+        them all would run the cluster as ASP for the span and split late.
+        """
+        if self._confirm is None:
+            if not (self.transient_factor and self.confirm_span):
+                self._confirm = False
+            elif all(self.profiler.profiled(w) for w in self.present):
+                limit = self.split_ratio * self._fastest()
+                times = self.profiler.times()
+                slow = sum(times[w] > limit for w in self.present)
+                self._confirm = slow < self.confirm_fraction * len(self.present)
+        return bool(self._confirm)
 
     def _ready(self, worker: int, fastest: float) -> bool:
         """Profiled enough to be grouped: for the first grouping, and a joiner for regrouping.
@@ -151,7 +174,7 @@ class GSSP:
         profiler = self.profiler
         if not profiler.profiled(worker):
             return False
-        if not self.transient_factor or not self.confirm_span or profiler.count[worker] >= profiler.window:
+        if not self.confirming() or profiler.count[worker] >= profiler.window:
             return True
         limit = self.split_ratio * fastest
         if profiler.times()[worker] <= limit:
@@ -209,7 +232,7 @@ class GSSP:
     def _present_times(self) -> tuple[list[int], list[float]]:
         """The present workers' ids and the times grouping sees (nobody who left).
 
-        With ``transient_factor`` a worker also counts as fast as the fastest
+        While ``confirming`` a worker also counts as fast as the fastest
         of its iterations in the last ``confirm_span`` times the fastest
         worker's iteration time: it moves to a slower group only once it was
         slow that long in a row, not on a burst of spells that fills most of
@@ -217,7 +240,7 @@ class GSSP:
         """
         ids = sorted(self.present)
         times = self.profiler.times()
-        if self.transient_factor and self.confirm_span:
+        if self.confirming():
             span = self.confirm_span * self._fastest()
             return ids, [min(times[w], self.profiler.recent_span(w, span)[0]) for w in ids]
         return ids, [times[w] for w in ids]
@@ -334,6 +357,7 @@ def gssp_from_config(sync: SyncConfig, workers: int) -> GSSP:
         max_groups=sync.max_groups, profile_iterations=sync.profile_iterations, profile_window=sync.profile_window,
         regroup=sync.regroup, regroup_margin=sync.regroup_margin, regroup_patience=sync.regroup_patience,
         split_ratio=sync.split_ratio, regroup_cooldown_s=sync.regroup_cooldown_s,
-        transient_factor=sync.transient_factor, confirm_span=sync.confirm_span, intra_group=sync.intra_group,
+        transient_factor=sync.transient_factor, confirm_span=sync.confirm_span,
+        confirm_fraction=sync.confirm_fraction, intra_group=sync.intra_group,
         exchange_clock=sync.exchange_clock,
     )
