@@ -104,6 +104,21 @@ def test_when_fewer_than_confirm_fraction_look_slow_they_confirm_and_nobody_is_e
     assert p.confirming()
 
 
+def test_restore_puts_back_the_groups_the_speeds_and_the_choice_to_confirm():
+    def fresh() -> GSSP:
+        return GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, split_ratio=1.5,
+                    transient_factor=2.0, confirm_span=15, confirm_fraction=0.5)
+
+    p = fresh()
+    p.restore([[0, 1, 2], [3]], [0.1, 0.1, 0.1, 0.4], confirming=True)
+    assert p.grouped and p.groups == [[0, 1, 2], [3]] and p.server_of == {0: 0, 1: 0, 2: 0, 3: 1}
+    assert p.confirming() and p.profiler.times() == pytest.approx([0.1, 0.1, 0.1, 0.4])
+    assert p.initial_split() is None
+    old = fresh()
+    old.restore([[0, 1], [2, 3]], [0.1, 0.1, 0.4, 0.4])  # a checkpoint without the choice: decided again
+    assert not old.confirming()  # 2 of 4 look slow
+
+
 def test_a_paper_gssp_splits_on_the_profile_alone():
     p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, split_ratio=1.5, confirm_span=15)
     _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=2)

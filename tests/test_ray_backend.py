@@ -425,6 +425,21 @@ def test_checkpoint_stop_resume_reaches_target(ray_session, tmp_path):
     assert restored["positions"] == {w: position_digest(p) for w, p in positions.items()}  # seeked exactly there
 
 
+def test_a_resumed_gssp_run_goes_on_in_the_groups_of_its_checkpoint(ray_session, tmp_path):
+    out = tmp_path / "run"
+    gssp = ("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.stop_at_target=false",
+            "backend.checkpoint_every_s=0.3")
+    first = train(ray_config(*gssp, "run.max_time_s=2"), out)
+    _, state = checkpoint.latest(out / "checkpoint")
+    assert state["grouped"] and state["groups"] == first["groups"] == [[0, 1], [2, 3]]
+    assert state["confirming"] is False  # 2 of 4 look slow: split on the profiles
+    resumed = train(ray_config(*gssp, "run.max_time_s=3"), out, resume=out)
+    assert resumed["groups"] == [[0, 1], [2, 3]] and resumed["exchanges"] > first["exchanges"]
+    events = read_jsonl(out / "metrics.jsonl")
+    at = next(i for i, e in enumerate(events) if e["event"] == "resume")
+    assert not [e for e in events[at:] if e["event"] == "groups" and e["reason"] == "profiled"]  # no new split
+
+
 def test_resume_refuses_a_folder_without_checkpoint(tmp_path):
     with pytest.raises(ConfigError, match="no checkpoint"):
         train(ray_config(), tmp_path / "r", resume=tmp_path)

@@ -189,6 +189,7 @@ class Recovery:
             "stats": [asdict(s) for s in self.stats], "groups": self._groups(),
             "grouped": bool(self.gssp and self.gssp.grouped),
             "profile_times": self.gssp.profiler.times() if self.gssp else None,
+            "confirming": self.gssp.confirming() if self.gssp and self.gssp.grouped else None,
             "failures": self.failures, "restarts": self.restarts, "servers": len(self.servers),
         }
 
@@ -206,7 +207,7 @@ class Recovery:
         self.offset = float(state["elapsed_s"])
         self.ckpt_seq = int(folder.name.rpartition("-")[2])  # numbering goes on, so newer sorts later
         if self.gssp is not None and state["grouped"]:
-            self._restore_groups(state["groups"], state["profile_times"])
+            self.gssp.restore(state["groups"], state["profile_times"], state.get("confirming"))
         self.recorder.event("resume", t=round(self.offset, 6), checkpoint=str(folder))
         return {"folder": folder, **state}
 
@@ -221,16 +222,6 @@ class Recovery:
         self.positions = dict(zip(workers, now))
         self.recorder.event("data_positions", t=round(self.offset, 6),
                             positions={str(w): position_digest(p) for w, p in self.positions.items()})
-
-    def _restore_groups(self, groups: list[list[int]], times: list[float]) -> None:
-        """Put the GSSP policy back into its grouped state (profile and groups of the checkpoint)."""
-        gssp = self.gssp
-        assert gssp is not None
-        for w, seconds in enumerate(times):
-            for _ in range(gssp.profiler.warmup):
-                gssp.observe(w, seconds)
-        gssp._install(groups)  # GSSP has no public restore yet; _install is its own set-up step
-        gssp.grouped = True
 
     def _final_checkpoint(self) -> None:
         if self._ckpt_period() < math.inf:

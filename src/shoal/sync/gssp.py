@@ -259,6 +259,21 @@ class GSSP:
         self._install(groups)  # a first correction may follow at once: the cooldown runs between regroups
         return groups
 
+    def restore(self, groups: Groups, profile_times: Sequence[float], confirming: bool | None = None) -> None:
+        """Back into the grouped state of a checkpoint: its groups, each worker profiled at its checkpointed speed.
+
+        ``confirming``: the checkpoint's choice (``confirming``); None (a
+        checkpoint written before it was recorded) decides it again from the
+        checkpointed speeds.
+        """
+        for w, seconds in enumerate(profile_times):
+            for _ in range(self.profiler.warmup):
+                self.profiler.observe(w, seconds)
+        self._confirm = confirming
+        self.confirming()
+        self._install(groups)
+        self.grouped = True
+
     def check_regroup(self, now: float = float("inf")) -> list[Move]:
         """Move workers if their observed speeds drifted enough (hysteresis in the Regrouper).
 
