@@ -7,10 +7,10 @@ accumulated deltas every ``exchange_every`` local updates, without waiting.
 
 Lifecycle: the run starts as one group (SSP over everyone) while the
 profiler measures iteration times; after ``profile_iterations`` per worker
-(and, for a worker that looks slow, slow iterations in a row for
-``confirm_span`` of the fastest worker's iteration times: a slow spell is
-not a slow worker; only when fewer than ``confirm_fraction`` of the workers
-look slow, since spread speeds make many look slow) the workers are split into
+(and, for a worker that looks slow while fewer than ``confirm_fraction`` of
+them do, slow iterations in a row for ``confirm_span`` of the fastest
+worker's iteration times: a slow spell is not a slow worker, and spread
+speeds make many look slow) the workers are split into
 natural-breaks groups and every group server starts from a copy of that
 single replica (so no delta is in flight at the split). Later regroups move
 workers between the existing group servers; the number of servers stays
