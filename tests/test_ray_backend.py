@@ -177,6 +177,43 @@ def test_gssp_splits_emulated_tiers_and_exchanges(ray_session):
     assert slow["compute_s"] / slow["iterations"] == pytest.approx(4 * 0.01, rel=0.3)  # padded to its tier
 
 
+@pytest.mark.parametrize("confirm", ["48", "0"])
+def test_gssp_keeps_an_equal_speed_cluster_with_slow_spells_in_one_group(ray_session, tmp_path, confirm):
+    """Real processes, 4 equal workers, 4x spells of 5 iterations: on seed 0 worker 3 is in a spell when profiled.
+    By default it confirms its speed (nobody waits for it) and is never slow long enough to be split off; split
+    on the profiles alone (confirm_span = 0), the first grouping splits it off."""
+    cfg = ray_config("sync.scheme=gssp", "cluster.profile=uniform", "cluster.compute_s=0.05",
+                     "cluster.stragglers.probability=0.1", "cluster.stragglers.slowdown=4",
+                     "cluster.stragglers.duration=5", "run.seed=0", "run.stop_at_target=false", "run.max_time_s=4",
+                     f"sync.confirm_span={confirm}")
+    train(cfg, tmp_path / "r")
+    first = next(e for e in read_jsonl(tmp_path / "r" / "metrics.jsonl")
+                 if e["event"] == "groups" and e["reason"] == "profiled")
+    assert (first["groups"] == [[0, 1, 2, 3]]) == (confirm != "0")
+
+
+def test_gssp_splits_into_no_more_group_servers_than_the_cpus_hold(ray_session, tmp_path):
+    """8 workers at 0.2 CPUs and a server at 0.25 leave 0.15 of 2 CPUs: no room for a second group server. Equal
+    speeds predict one group, but on seed 4 worker 1 is in a slow spell when profiled, and split on the profiles
+    (confirm_span = 0) a second group server would be needed. The split used to wait forever for a server Ray
+    could not place; now the groups are capped to the servers the CPUs hold and the run ends on time."""
+    cfg = ray_config("sync.scheme=gssp", "cluster.workers=8", "backend.cpus_per_worker=0.2",
+                     "cluster.profile=uniform", "cluster.compute_s=0.05", "cluster.stragglers.probability=0.1",
+                     "cluster.stragglers.slowdown=4", "cluster.stragglers.duration=5", "run.seed=4",
+                     "sync.confirm_span=0", "run.stop_at_target=false", "run.max_time_s=3")
+    ActorPool.clear()  # actors kept from other tests hold CPUs, and these would hold them for the next
+    try:
+        summary = train(cfg, tmp_path / "r")
+    finally:
+        ActorPool.clear()
+    assert summary["stop_reason"] == "time_budget" and summary["groups"] == [list(range(8))]
+    events = read_jsonl(tmp_path / "r" / "metrics.jsonl")
+    assert {"event": "group_servers_limited", "t": 0.0, "servers": 1, "cpus_free": 0.15,
+            "cpus_per_server": 0.25} in events
+    profiled = next(e for e in events if e["event"] == "groups" and e["reason"] == "profiled")
+    assert max(profiled["times"]) > 1.5 * min(profiled["times"])  # a split was wanted
+
+
 @pytest.mark.parametrize("extra", [
     ("sync.scheme=asp", "compression.method=qsgd"),
     ("sync.scheme=ssp", "cluster.speeds=[1, 1, 3, 7]", "compression.method=topk", "compression.density=0.1"),

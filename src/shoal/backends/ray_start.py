@@ -70,6 +70,29 @@ class ActorSetup:
         servers = 1 + self._predicted_spares() + b.standby_servers
         return workers * b.cpus_per_worker + servers * b.cpus_per_server
 
+    def _limit_group_servers(self) -> None:
+        """GSSP splits into at most as many group servers as the Ray cluster has CPUs for.
+
+        The servers a split needs beyond the predicted spares start then, outside
+        the reservation; with no CPUs left for them the split would wait forever
+        for a process Ray cannot place (a uniform cluster with a slow spell, or
+        real hardware, where nothing predicts the groups). So the policy is told
+        how many fit now (a cluster that grows later is not counted).
+        """
+        import ray
+
+        b = self.cfg.backend
+        if self.gssp is None or self.collective or b.cpus_per_server <= 0:
+            return
+        free = ray.cluster_resources().get("CPU", 0.0) - self._cpus_needed()
+        servers = 1 + self._predicted_spares() + int(free / b.cpus_per_server + 1e-9)
+        if servers < self.gssp.max_groups:
+            self.gssp.max_groups = servers
+            self.recorder.event("group_servers_limited", t=0.0, servers=servers, cpus_free=round(free, 3),
+                                cpus_per_server=b.cpus_per_server)
+            self._status(f"GSSP: CPUs for at most {servers} group server(s) ({free:g} free, "
+                         f"backend.cpus_per_server = {b.cpus_per_server:g}); groups are capped to that")
+
     def _predicted_spares(self) -> int:
         """Extra GSSP group servers to start early, so the split does not wait for processes to start."""
         if self.gssp is None:
@@ -184,6 +207,7 @@ class ActorSetup:
         import ray
 
         self._check_resources()
+        self._limit_group_servers()
         self._reserve()
         self._put_shards()
         self._start_evaluator()
