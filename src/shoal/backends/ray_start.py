@@ -84,7 +84,7 @@ class ActorSetup:
         b = self.cfg.backend
         if self.gssp is None or self.collective or b.cpus_per_server <= 0:
             return
-        free = ray.cluster_resources().get("CPU", 0.0) - self._cpus_needed()
+        free = max(0.0, ray.cluster_resources().get("CPU", 0.0) - self._cpus_needed())
         servers = 1 + self._predicted_spares() + int(free / b.cpus_per_server + 1e-9)
         if servers < self.gssp.max_groups:
             self.gssp.max_groups = servers
