@@ -177,6 +177,7 @@ def test_gssp_splits_emulated_tiers_and_exchanges(ray_session):
     assert slow["compute_s"] / slow["iterations"] == pytest.approx(4 * 0.01, rel=0.3)  # padded to its tier
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("confirm", ["48", "0"])
 def test_gssp_keeps_an_equal_speed_cluster_with_slow_spells_in_one_group(ray_session, tmp_path, confirm):
     """Real processes, 4 equal workers, 4x spells of 5 iterations: on seed 0 worker 3 is in a spell when profiled.
@@ -192,6 +193,7 @@ def test_gssp_keeps_an_equal_speed_cluster_with_slow_spells_in_one_group(ray_ses
     assert (first["groups"] == [[0, 1, 2, 3]]) == (confirm != "0")
 
 
+@pytest.mark.slow
 def test_gssp_splits_into_no_more_group_servers_than_the_cpus_hold(ray_session, tmp_path):
     """8 workers at 0.2 CPUs and a server at 0.25 leave 0.15 of 2 CPUs: no room for a second group server. Equal
     speeds predict one group, but on seed 4 worker 1 is in a slow spell when profiled, and split on the profiles
@@ -462,6 +464,7 @@ def test_checkpoint_stop_resume_reaches_target(ray_session, tmp_path):
     assert restored["positions"] == {w: position_digest(p) for w, p in positions.items()}  # seeked exactly there
 
 
+@pytest.mark.slow
 def test_a_resumed_gssp_run_goes_on_in_the_groups_of_its_checkpoint(ray_session, tmp_path):
     out = tmp_path / "run"
     gssp = ("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.stop_at_target=false",
