@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import json
 import statistics
 import subprocess
@@ -28,19 +29,22 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from shoal.commands.compare import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 CACHE = ROOT / "runs" / "bench-cache"
 
 
 def provenance() -> dict[str, Any]:
-    """The commit the numbers come from (with a flag if the tree had changes) and the command."""
+    """The commit the numbers come from (with a flag if the tree had changes), the command, the CPU and torch."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
     dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks/*.py"))
     return {"git_commit": git("rev-parse", "HEAD"), "dirty_tree": dirty,
-            "command": " ".join([".venv/bin/python", *[a if " " not in a else repr(a) for a in sys.argv]])}
+            "command": " ".join([".venv/bin/python", *[a if " " not in a else repr(a) for a in sys.argv]]),
+            "cpu": cpu_model(), "torch": importlib.metadata.version("torch")}
 
 
 def write_results(name: str, result: dict[str, Any], markdown: str) -> None:
@@ -83,7 +87,7 @@ def run_one(overrides: list[str], key: str) -> dict[str, Any]:
         "bytes_exchange": summary.get("bytes_exchange", 0), "iterations": summary["iterations"],
         "groups": summary["groups"], "wall_s": summary["wall_s"], "curve": curve,
         "similarity": similarity_stats([e for e in events if e["event"] == "sim"]),
-        "source_hash": source_hash(),
+        "source_hash": source_hash(), "cpu": cpu_model(),
     }
     CACHE.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result))

@@ -176,6 +176,8 @@ def test_compare_writes_rows_plots_and_report(compared):
     from shoal import __version__
 
     assert data["provenance"]["shoal"] == __version__ and data["provenance"]["host"]
+    assert data["provenance"]["cpu"] and data["provenance"]["torch"]  # runs repeat exactly only on the same CPU kind
+    assert f"torch {data['provenance']['torch']}" in page
     assert f"Made by shoal {__version__} on " in page  # the footer says which shoal made it, where and when
     assert page.count('<img src="data:image/png;base64,') == 6  # accuracy, loss and bytes, time split, and three timelines
     assert "profiled" in page  # gssp's grouping is listed

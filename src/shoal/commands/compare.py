@@ -295,12 +295,32 @@ def print_table(result: dict[str, Any], report: Path) -> None:
     typer.echo(f"report: {report}")
 
 
+def cpu_model() -> str:
+    """The processor's model name.
+
+    Training on real gradients is chaotic: last-bit differences between CPU
+    kernels grow into different trajectories, so a sim run repeats exactly
+    only on the same kind of CPU (docs/fair-comparison.md).
+    """
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def provenance() -> dict[str, Any]:
     """Which shoal, when and where a comparison ran (the report's footer)."""
+    import importlib.metadata
     import platform
 
     from shoal import __version__
 
     return {"shoal": __version__, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
-            "python": platform.python_version(), "platform": platform.platform(terse=True)}
+            "python": platform.python_version(), "platform": platform.platform(terse=True),
+            "cpu": cpu_model(), "torch": importlib.metadata.version("torch")}
 

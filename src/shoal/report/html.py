@@ -449,7 +449,8 @@ def _footer(compare: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     dirs = ", ".join(html.escape(r["run_dir"]) + "/" for r in rows)
     p = compare.get("provenance") or {}
     made = (f"<p>Made by shoal {html.escape(str(p.get('shoal', '?')))} on {html.escape(str(p.get('host', '?')))} "
-            f"({html.escape(str(p.get('platform', '?')))}, Python {html.escape(str(p.get('python', '?')))}), "
+            f"({html.escape(str(p.get('platform', '?')))}, {html.escape(str(p.get('cpu', '?')))}, "
+            f"Python {html.escape(str(p.get('python', '?')))}, torch {html.escape(str(p.get('torch', '?')))}), "
             f"{html.escape(str(p.get('created', '?')))}.</p>") if p else ""
     return (f'</main><footer><div class="wrap"><p>Reproduce: <code>{command}</code></p>{made}'
             f"<p>Files beside this page: compare.json (every number above), the plots as PNG and SVG, and one run "
