@@ -34,6 +34,16 @@ def test_one_group_until_profiled_then_natural_breaks():
     assert p.initial_split() is None  # only once
 
 
+def test_limit_groups_caps_the_split_and_the_regroups():
+    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, confirm_span=0)
+    p.limit_groups(2)
+    _profile(p, [0.1, 0.4, 1.6, 6.4], rounds=2)
+    assert p.initial_split() == [[0, 1], [2, 3]]  # four tiers, two servers
+    assert p.max_groups == p.regrouper.max_groups == 2
+    p.limit_groups(5)  # a limit never raises the count
+    assert p.max_groups == 2
+
+
 def _confirming(workers: int = 4, span: float = 15.0) -> GSSP:
     """Confirmation over 15 of the fastest worker's 0.1 s iterations: 4 iterations of a 4x worker, 2 of an 8x one."""
     return GSSP(workers, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, split_ratio=1.5,

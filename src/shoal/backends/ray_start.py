@@ -87,7 +87,7 @@ class ActorSetup:
         free = max(0.0, ray.cluster_resources().get("CPU", 0.0) - self._cpus_needed())
         servers = 1 + self._predicted_spares() + int(free / b.cpus_per_server + 1e-9)
         if servers < self.gssp.max_groups:
-            self.gssp.max_groups = servers
+            self.gssp.limit_groups(servers)
             self.recorder.event("group_servers_limited", t=0.0, servers=servers, cpus_free=round(free, 3),
                                 cpus_per_server=b.cpus_per_server)
             self._status(f"GSSP: CPUs for at most {servers} group server(s) ({free:g} free, "

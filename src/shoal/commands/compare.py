@@ -7,6 +7,7 @@ never costs the runs before it.
 
 from __future__ import annotations
 
+import functools
 import shlex
 import time
 from contextlib import nullcontext
@@ -295,6 +296,7 @@ def print_table(result: dict[str, Any], report: Path) -> None:
     typer.echo(f"report: {report}")
 
 
+@functools.cache
 def cpu_model() -> str:
     """The processor's model name.
 

@@ -135,6 +135,12 @@ class GSSP:
         times = self.profiler.times()
         return min((times[w] for w in self.present if self.profiler.count[w]), default=float("inf"))
 
+    def limit_groups(self, most: int) -> None:
+        """Form at most ``most`` groups, at the first split and at every regroup (the servers a backend can place)."""
+        self.max_groups = min(self.max_groups, most)
+        if self.regrouper is not None:
+            self.regrouper.max_groups = self.max_groups
+
     def confirming(self) -> bool:
         """Whether slow-looking workers must confirm their speed before the split (and before a regroup moves them).
 
