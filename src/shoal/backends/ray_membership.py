@@ -177,5 +177,5 @@ class Membership:
         times = [t for w, t in enumerate(gssp.profiler.times()) if gssp.profiler.count[w] and w not in self.dead]
         for w in self.dead:
             while gssp.profiler.count[w] < gssp.profiler.warmup:
-                own = gssp.profiler.times()[w] if gssp.profiler.count[w] else 0.0
+                own = gssp.profiler.time(w) if gssp.profiler.count[w] else 0.0
                 gssp.observe(w, own or (float(np.median(times)) if times else self.profile.compute_s))

@@ -71,6 +71,10 @@ class IterationProfiler:
     def times(self) -> list[float]:
         return list(self._estimate)
 
+    def time(self, worker: int) -> float:
+        """One worker's estimate (``times()`` copies all of them)."""
+        return self._estimate[worker]
+
 
 def goodness_of_variance_fit(values: Sequence[float], groups: Groups) -> float:
     """GVF = 1 - (within-group squared deviations) / (total squared deviations); 1 = perfect."""

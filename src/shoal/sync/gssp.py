@@ -129,7 +129,7 @@ class GSSP:
 
     def _reference(self, worker: int) -> float:
         """The speed ``worker`` is compared with to tell a transient straggler (see ``observe``)."""
-        return self.profiler.times()[worker] if self.grouped else self._fastest()
+        return self.profiler.time(worker) if self.grouped else self._fastest()
 
     def _fastest(self) -> float:
         times = self.profiler.times()
@@ -183,7 +183,7 @@ class GSSP:
         if not self.confirming() or profiler.count[worker] >= profiler.window:
             return True
         limit = self.split_ratio * fastest
-        if profiler.times()[worker] <= limit:
+        if profiler.time(worker) <= limit:
             return True
         span = self.confirm_span * fastest
         least, lasted = profiler.recent_span(worker, span)
@@ -255,6 +255,8 @@ class GSSP:
         """The first grouping, once every present worker has been profiled (None: not yet, or already)."""
         if self.grouped:
             return None
+        if not all(self.profiler.profiled(w) for w in self.present):
+            return None  # checked first: ``_ready`` per worker costs O(workers) while ``confirming`` is undecided
         fastest = self._fastest()
         if not all(self._ready(w, fastest) for w in self.present):
             return None
