@@ -50,7 +50,7 @@ def _confirming(workers: int = 4, span: float = 15.0) -> GSSP:
                 transient_factor=2.0, confirm_span=span)
 
 
-def test_waiting_for_the_profiles_reads_each_one_at_most_once_per_iteration(monkeypatch):
+def test_waiting_for_the_profiles_reads_them_linearly_per_iteration(monkeypatch):
     """Asking for the split after every iteration while 300 workers are profiled stays linear in the workers per
     iteration (it was cubic over the profiling: a 1,000-worker cost run took 6 minutes in its first 2 s)."""
     from shoal.cluster.grouping import IterationProfiler
