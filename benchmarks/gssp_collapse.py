@@ -27,7 +27,7 @@ BASE = [
     "run.eval_every_s=2", "run.max_time_s=12", "run.seed=0", "sync.staleness=3", "backend.log_iterations=false",
 ]
 PAPER = ["sync.scheme=gssp", "sync.group_momentum=server", "sync.split_ratio=1", "sync.regroup_cooldown_s=0",
-         "sync.transient_factor=0"]
+         "sync.transient_factor=0", "sync.paced=false"]
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "paper": ("the paper's GSSP: own momentum per group server", PAPER),
     "no-momentum": ("momentum 0 at lr 0.5 (the same lr / (1 - m))", PAPER + ["optimizer.momentum=0", "optimizer.lr=0.5"]),
@@ -35,7 +35,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "two-groups": ("two groups instead of five", PAPER + ["sync.groups=2"]),
     "staleness-0": ("BSP inside each group", PAPER + ["sync.staleness=0"]),
     "global-momentum": ("shoal: momentum decayed on the clock of all updates", PAPER[:1] + [
-        "sync.group_momentum=global", "sync.split_ratio=1", "sync.regroup_cooldown_s=0", "sync.transient_factor=0"]),
+        "sync.group_momentum=global", "sync.split_ratio=1", "sync.regroup_cooldown_s=0", "sync.transient_factor=0",
+        "sync.paced=false"]),
     "asp": ("ASP, same lr and momentum", ["sync.scheme=asp"]),
 }
 

@@ -34,9 +34,10 @@ BASE = [
 ]
 SCHEMES: dict[str, list[str]] = {
     "asp": ["sync.scheme=asp"],
-    "gssp": ["sync.scheme=gssp", "sync.group_momentum=global", "sync.split_ratio=1.5", "sync.transient_factor=2"],
+    "gssp": ["sync.scheme=gssp", "sync.group_momentum=global", "sync.paced=true", "sync.split_ratio=1.5",
+             "sync.transient_factor=2"],
     "gssp-paper": ["sync.scheme=gssp", "sync.group_momentum=server", "sync.split_ratio=1", "sync.regroup_cooldown_s=0",
-                   "sync.transient_factor=0"],
+                   "sync.transient_factor=0", "sync.paced=false"],
 }
 
 

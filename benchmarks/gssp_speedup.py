@@ -55,7 +55,8 @@ SCHEMES: dict[str, list[str]] = {
     "diloco": ["sync.scheme=diloco"],
     # shoal's GSSP: momentum on the clock of all updates, no split under a 1.5x speed ratio, no waiting for
     # transient stragglers, charged exchange
-    "gssp": ["sync.scheme=gssp", "sync.group_momentum=global", "sync.split_ratio=1.5", "sync.transient_factor=2"],
+    "gssp": ["sync.scheme=gssp", "sync.group_momentum=global", "sync.paced=true", "sync.split_ratio=1.5",
+             "sync.transient_factor=2"],
 }
 OURS = "gssp"
 SYNC_BASELINES = ("bsp", "ssp")

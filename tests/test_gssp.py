@@ -13,6 +13,7 @@ from shoal.config import OptimizerConfig
 from shoal.engine.replica import Replica
 from shoal.runner import train
 from shoal.sync.gssp import GSSP
+from shoal.sync.policies import SSP, PacedSSP
 
 from conftest import read_jsonl
 
@@ -269,6 +270,27 @@ def test_update_shares_follow_group_size_and_slowest_member():
     assert p.update_shares() == [pytest.approx(40 / 44), pytest.approx(4 / 44)]  # 4 / 0.1 vs 2 / 0.5 updates per s
 
 
+def test_paced_groups_pace_members_by_their_slowest_and_share_updates_by_their_summed_rates():
+    p = GSSP(6, staleness=1, exchange_every=2, profile_iterations=1, split_ratio=1.5, paced=True)
+    _profile(p, [0.1, 0.1, 0.1, 0.125, 0.4, 0.5], rounds=1)
+    assert isinstance(p.policy(0), SSP) and not isinstance(p.policy(0), PacedSSP)  # profiling: plain SSP
+    p.initial_split()
+    assert p.groups == [[0, 1, 2, 3], [4, 5]]
+    assert all(isinstance(p.policy(s), PacedSSP) for s in range(2))
+    assert p.paces() == [{0: 0.8, 1: 0.8, 2: 0.8, 3: 1.0}, {4: 0.8, 5: 1.0}]
+    assert p.policy(1).paces == {4: 0.8, 5: 1.0}  # set on the policies too
+    rates = [3 / 0.1 + 1 / 0.125, 1 / 0.4 + 1 / 0.5]
+    assert p.update_shares() == [pytest.approx(r / sum(rates)) for r in rates]
+
+
+def test_unpaced_groups_and_allreduce_groups_run_plain_policies():
+    for kwargs in ({}, {"paced": True, "intra_group": "allreduce"}):
+        p = GSSP(6, staleness=1, exchange_every=2, profile_iterations=1, split_ratio=1.5, **kwargs)
+        _profile(p, [0.1, 0.1, 0.1, 0.125, 0.4, 0.5], rounds=1)
+        p.initial_split()
+        assert not any(isinstance(p.policy(s), PacedSSP) for s in range(2)) and p.paces() == [{}, {}]
+
+
 @pytest.mark.parametrize("share", [1.0, 0.5, 0.1])
 def test_momentum_on_a_share_of_updates_moves_each_gradient_as_far(share):
     """A gradient's total displacement is lr / (1 - m) x g whatever the share; the share only shortens its tail."""
@@ -475,6 +497,22 @@ def test_a_group_does_not_wait_for_its_transient_stragglers(fast_config, tmp_pat
     wait = lambda s: sum(p["wait_s"] for p in s["per_worker"])  # noqa: E731
     assert wait(excused) < 0.3 * wait(waited)
     assert excused["iterations"] > 1.2 * waited["iterations"]
+
+
+def test_paced_groups_let_members_of_steadily_different_speeds_run_at_their_own(fast_config, tmp_path):
+    """1x and 1.4x workers share a group (under split_ratio 1.5): plain SSP runs both at the 1.4x pace, paced
+    SSP each at its own; the groups and the slow group's pace are the same either way."""
+    mixed = ("cluster.speeds=[1, 1, 1.4, 1.4, 8, 8, 8, 8]", "run.max_time_s=20")
+    paced = train(_gssp(fast_config, *mixed, "sync.paced=true"), tmp_path / "paced")
+    plain = train(_gssp(fast_config, *mixed, "sync.paced=false"), tmp_path / "plain")
+    for summary in (paced, plain):
+        assert summary["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    its = lambda s, w: s["per_worker"][w]["iterations"]  # noqa: E731
+    assert its(paced, 0) > 1.3 * its(paced, 2)  # each at its own speed
+    assert its(plain, 0) < 1.05 * its(plain, 2)  # the 1x workers held to the 1.4x pace
+    assert its(paced, 0) > 1.3 * its(plain, 0)
+    assert its(paced, 4) == pytest.approx(its(plain, 4), rel=0.05)
+    assert paced["per_worker"][0]["wait_s"] < 0.05 * plain["per_worker"][0]["wait_s"]
 
 
 @pytest.mark.parametrize("before, after", [(0.5, 0.1), (0.1, 0.9), (1.0, 0.25)])

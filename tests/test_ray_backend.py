@@ -177,6 +177,20 @@ def test_gssp_splits_emulated_tiers_and_exchanges(ray_session):
     assert slow["compute_s"] / slow["iterations"] == pytest.approx(4 * 0.01, rel=0.3)  # padded to its tier
 
 
+def test_paced_gssp_groups_on_ray_let_the_faster_member_run_ahead(ray_session):
+    """1x and 1.4x share a group: the group server's paced SSP lets worker 0 run at its own speed (plain SSP
+    holds it within ``staleness`` of worker 1)."""
+    ratios = {}
+    for paced in ("true", "false"):
+        cfg = ray_config("sync.scheme=gssp", "cluster.speeds=[1, 1.4, 4, 4]", "run.stop_at_target=false",
+                         "run.max_time_s=4", f"sync.paced={paced}")
+        _, summary = run_backend(cfg)
+        assert summary["groups"] == [[0, 1], [2, 3]]
+        its = [w["iterations"] for w in summary["per_worker"]]
+        ratios[paced] = its[0] / its[1]
+    assert ratios["true"] > 1.1 and ratios["false"] < 1.06, ratios
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("confirm", ["48", "0"])
 def test_gssp_keeps_an_equal_speed_cluster_with_slow_spells_in_one_group(ray_session, tmp_path, confirm):

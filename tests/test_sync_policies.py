@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.sync import ASP, BSP, SSP, make_policy
+from shoal.sync.policies import PacedSSP
 
 
 def test_bsp_releases_one_update_per_round_and_gates_until_it():
@@ -132,3 +133,77 @@ def test_slowest_clock_is_the_minimum_over_counted_workers(ops):
             getattr(p, op)(w)
         counted = [c for v, c in p.clocks.items() if v not in p.excused]
         assert counted and p.min_clock == min(counted)
+
+
+def test_paced_ssp_lets_a_steadily_faster_worker_run_at_its_own_speed():
+    """Worker 0 takes half as long as worker 1: at pace 0.5 it never waits; plain SSP throttles it to 1's rate."""
+    paced, plain = PacedSSP(range(2), staleness=1), SSP(range(2), staleness=1)
+    paced.set_paces({0: 0.5, 1: 1.0})
+    for _ in range(50):  # in each unit of time: two pushes of 0, one of 1
+        for _ in range(2):
+            assert paced.may_start(0)
+            paced.on_push(0)
+        paced.on_push(1)
+    assert paced.clocks == {0: 100, 1: 50} and paced.progress == 50.0
+    waited = 0
+    for _ in range(50):
+        for _ in range(2):
+            if plain.may_start(0):
+                plain.on_push(0)
+            else:
+                waited += 1
+        plain.on_push(1)
+    assert waited == 49 and plain.clocks[0] == 51  # throttled to worker 1's pace
+
+
+def test_paced_ssp_holds_the_group_back_for_a_worker_slower_than_its_pace():
+    p = PacedSSP(range(2), staleness=2)
+    p.set_paces({0: 0.5})
+    for _ in range(4):
+        p.on_push(0)
+    assert p.may_start(0) and p.progress == 0.0  # progress 2.0 <= 0 + 2
+    p.on_push(0)
+    assert not p.may_start(0) and p.start_threshold(0) == 0.5  # 2.5 > 0 + 2: waits for worker 1
+    p.on_push(1)
+    assert p.progress == 1.0 and p.may_start(0)
+
+
+def test_paced_ssp_with_every_pace_one_is_ssp():
+    rng = random.Random(7)
+    paced, plain = PacedSSP(range(4), staleness=2), SSP(range(4), staleness=2)
+    for _ in range(400):
+        w = rng.randrange(4)
+        assert paced.may_start(w) == plain.may_start(w)
+        if plain.may_start(w):
+            paced.on_push(w)
+            plain.on_push(w)
+        assert paced.progress == plain.min_clock
+
+
+def test_paced_ssp_rejects_a_pace_outside_zero_one():
+    with pytest.raises(ValueError, match="pace"):
+        PacedSSP(range(2), staleness=1).set_paces({0: 1.5})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["push", "excuse", "readmit", "remove", "add", "pace"]), st.integers(0, 4),
+                          st.floats(0.05, 1.0)), max_size=60))
+def test_paced_progress_is_the_minimum_over_counted_workers(ops):
+    p = PacedSSP(range(5), staleness=2)
+    for op, w, pace in ops:
+        if op == "add":
+            if w not in p.clocks:
+                before = p.progress
+                p.add(w)
+                assert p.progressed[w] == before  # a joiner gates nobody
+        elif w not in p.clocks or (op == "remove" and len(p.clocks) == 1):
+            continue
+        elif op == "push":
+            p.on_push(w)
+        elif op == "pace":
+            p.set_paces({w: pace})
+        else:
+            getattr(p, op)(w)
+        counted = [v for u, v in p.progressed.items() if u not in p.excused]
+        assert counted and p.progress == min(counted)
+        assert set(p.progressed) == set(p.clocks) == set(p.paces)

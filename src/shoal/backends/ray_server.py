@@ -37,6 +37,7 @@ from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
 from shoal.config import OptimizerConfig
 from shoal.engine.replica import Replica
 from shoal.sync import PeriodicSchedule, SyncPolicy
+from shoal.sync.policies import PacedSSP
 
 
 class GroupServer:
@@ -60,7 +61,7 @@ class GroupServer:
         self.peers: list[Any] = []
         self._since_exchange = 0
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiters: list[tuple[float, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
         self._events: list[dict[str, Any]] = []
         self.ina: ServerSide | None = None
@@ -170,14 +171,17 @@ class GroupServer:
         if self.schedule is not None:
             self.schedule.reset()
 
-    def set_update_share(self, share: float | None, density: float, exchange_every: int) -> None:
+    def set_update_share(self, share: float | None, density: float, exchange_every: int,
+                         paces: dict[int, float] | None = None) -> None:
         """GSSP: this server's fraction of all updates (global momentum, Replica.set_update_share; None: the
-        paper's own momentum), the density its exchange is compressed at and its own updates between sends
-        (GSSP.exchange_periods)."""
+        paper's own momentum), the density its exchange is compressed at, its own updates between sends
+        (GSSP.exchange_periods) and its members' paces (GSSP.paces, for a paced SSP)."""
         if self.replica is not None and share is not None:
             self.replica.set_update_share(share)
         self.exchange_density = density
         self.exchange_every = exchange_every
+        if paces and isinstance(self.policy, PacedSSP):
+            self.policy.set_paces(paces)  # future pushes only: no threshold moves, nobody to wake
 
     def set_transient(self, worker: int, straggling: bool) -> None:
         """GSSP: stop waiting for a transient straggler (True), or count it again (False)."""
@@ -271,7 +275,7 @@ class GroupServer:
             if self.policy is None or worker not in self.policy.clocks:
                 return MOVED
             threshold = self.policy.start_threshold(worker)
-            if threshold is None or self.policy.min_clock >= threshold:
+            if threshold is None or self.policy.progress >= threshold:
                 return OK
             future: asyncio.Future[None] = loop.create_future()
             heapq.heappush(self._waiters, (threshold, next(self._seq), future))
@@ -279,7 +283,7 @@ class GroupServer:
 
     def _wake(self) -> None:
         assert self.policy is not None
-        while self._waiters and self._waiters[0][0] <= self.policy.min_clock:
+        while self._waiters and self._waiters[0][0] <= self.policy.progress:
             future = heapq.heappop(self._waiters)[2]
             if not future.done():
                 future.set_result(None)

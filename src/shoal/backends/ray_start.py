@@ -26,7 +26,7 @@ from shoal.cluster.grouping import choose_groups
 from shoal.compress.codec import server_optimizer
 from shoal.config import ConfigError
 from shoal.sync import SyncPolicy, make_policy
-from shoal.sync.policies import SSP
+from shoal.sync.policies import SSP, PacedSSP
 
 
 STARTUP_TIMEOUT_S = 300.0
@@ -318,8 +318,9 @@ class ActorSetup:
         return [make_policy(sync.scheme, range(self.n), sync.staleness, sync.local_steps)]
 
     def _live_policy(self, members: list[int]) -> SSP:
-        """The SSP policy a group server runs: its members that are still alive."""
-        policy = SSP(members or [0], self.cfg.sync.staleness)
+        """The SSP policy a group server runs (paced once GSSP groups are paced): its members still alive."""
+        paced = self.gssp is not None and self.gssp.paced and self.gssp.grouped
+        policy = (PacedSSP if paced else SSP)(members or [0], self.cfg.sync.staleness)
         starting = set(self._starting.values())  # admitted once they answer (at the slowest clock then)
         for w in list(policy.clocks):
             if w not in members or w in self.dead or w in self.departed or w in starting:

@@ -75,9 +75,10 @@ class SimGroups:
                             times=[round(t, 6) for t in self.gssp.profiler.times()])
 
     def _share_updates(self) -> bool:
-        """GSSP global momentum: tell each group server its share of all updates (always True)."""
+        """GSSP global momentum: tell each group server its share of all updates; paces follow the speeds (always True)."""
         assert self.gssp is not None
         self.gssp.exchange_periods()
+        self.gssp.paces()  # the servers' policies are the GSSP's own objects: set in place
         if self.cfg.sync.group_momentum == "global":
             for server, share in zip(self.servers, self.gssp.update_shares()):
                 if server.replica is not None:

@@ -75,13 +75,13 @@ class SimServer:
         self.updates = 0
         self.unsent_updates = 0  # GSSP: own updates not yet sent to the peers
         self._pending: dict[int, Push] = {}
-        self._waiters: list[tuple[int, int, simpy.Event]] = []
+        self._waiters: list[tuple[float, int, simpy.Event]] = []
         self._seq = itertools.count()
 
     def gate(self, worker: int) -> simpy.Event | None:
         """None if ``worker`` may start now, else an event that fires when it may (or on a regroup)."""
         threshold = self.policy.start_threshold(worker)
-        if threshold is None or self.policy.min_clock >= threshold:
+        if threshold is None or self.policy.progress >= threshold:
             return None
         event = self.env.event()
         heapq.heappush(self._waiters, (threshold, next(self._seq), event))
@@ -159,7 +159,7 @@ class SimServer:
         self._wake()
 
     def _wake(self) -> None:
-        while self._waiters and self._waiters[0][0] <= self.policy.min_clock:
+        while self._waiters and self._waiters[0][0] <= self.policy.progress:
             heapq.heappop(self._waiters)[2].succeed()
 
     def wake_all(self) -> None:

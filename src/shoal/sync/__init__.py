@@ -6,6 +6,6 @@ backends and the tests drive the same objects.
 
 from shoal.sync.base import SyncPolicy
 from shoal.sync.localsgd import LocalSGD, PeriodicSchedule
-from shoal.sync.policies import ASP, BSP, SSP, make_policy
+from shoal.sync.policies import ASP, BSP, SSP, PacedSSP, make_policy
 
-__all__ = ["ASP", "BSP", "LocalSGD", "PeriodicSchedule", "SSP", "SyncPolicy", "make_policy"]
+__all__ = ["ASP", "BSP", "LocalSGD", "PacedSSP", "PeriodicSchedule", "SSP", "SyncPolicy", "make_policy"]

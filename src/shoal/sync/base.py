@@ -35,13 +35,18 @@ class SyncPolicy(ABC):
     def min_clock(self) -> int:
         return self._min
 
+    @property
+    def progress(self) -> float:
+        """What ``start_threshold`` is compared with: the slowest counted clock (``PacedSSP`` weighs clocks)."""
+        return self._min
+
     def may_start(self, worker: int) -> bool:
         threshold = self.start_threshold(worker)
-        return threshold is None or self._min >= threshold
+        return threshold is None or self.progress >= threshold
 
     @abstractmethod
-    def start_threshold(self, worker: int) -> int | None:
-        """The slowest clock that must be reached before ``worker`` starts again (None: never wait)."""
+    def start_threshold(self, worker: int) -> float | None:
+        """The ``progress`` that must be reached before ``worker`` starts again (None: never wait)."""
 
     @abstractmethod
     def _merge(self, worker: int) -> tuple[int, ...]:

@@ -35,7 +35,7 @@ import numpy as np
 from shoal.cluster.grouping import Groups, IterationProfiler, Regrouper, canonical, choose_groups
 from shoal.config import SyncConfig
 from shoal.sync.base import SyncPolicy
-from shoal.sync.policies import BSP, SSP
+from shoal.sync.policies import BSP, SSP, PacedSSP
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,11 @@ class GSSP:
         confirm_fraction: float = 1.0,
         intra_group: str = "server",
         exchange_clock: str = "own",
+        paced: bool = False,
     ) -> None:
         self.workers, self.staleness, self.exchange_every = workers, staleness, exchange_every
         self.allreduce = intra_group == "allreduce"
+        self.paced = paced and not self.allreduce
         self.exchange_clock = exchange_clock
         self.groups_setting, self.threshold, self.max_groups = groups, threshold, max_groups
         self.split_ratio = split_ratio
@@ -84,12 +86,12 @@ class GSSP:
         self.profiler = IterationProfiler(workers, warmup=profile_iterations, window=profile_window)
         self.regrouper = Regrouper(groups, threshold, max_groups, regroup_margin, regroup_patience, split_ratio,
                                    regroup_cooldown_s) if regroup else None
+        self.grouped = False
         self.groups: Groups = [list(range(workers))]
         self.policies: list[SyncPolicy] = [self._group_policy(range(workers))]
         self.server_of: dict[int, int] = {w: 0 for w in range(workers)}
         self.present: set[int] = set(range(workers))  # workers taking part now (joins and leaves change it)
         self.joined: set[int] = set()  # workers that joined after the start
-        self.grouped = False
         self._since_exchange = [0]
         self._periods = [exchange_every]
 
@@ -101,8 +103,31 @@ class GSSP:
         return self.policies[server]
 
     def _group_policy(self, members: Sequence[int]) -> SyncPolicy:
-        """A group's own sync: SSP on a group server, or BSP for an all-reduce group."""
-        return BSP(members) if self.allreduce else SSP(members, self.staleness)
+        """A group's own sync: SSP on a group server (paced SSP once grouped, if ``paced``), or BSP for an all-reduce group."""
+        if self.allreduce:
+            return BSP(members)
+        return PacedSSP(members, self.staleness) if self.paced and self.grouped else SSP(members, self.staleness)
+
+    def paces(self) -> list[dict[int, float]]:
+        """Each group's paces (``PacedSSP``): a member's profiled iteration time over its group's slowest.
+
+        Empty dicts unless ``paced`` and grouped. Backends call it with
+        ``update_shares`` (every round) and hand each dict to its server's
+        policy, so paces follow drifting speeds; on sim the policies are
+        these objects and are set here too.
+        """
+        if not (self.paced and self.grouped):
+            return [{} for _ in self.policies]
+        times = self.profiler.times()
+        out: list[dict[int, float]] = []
+        for policy, members in zip(self.policies, self.groups):
+            timed = [w for w in members if self.profiler.count[w]]
+            slowest = max((times[w] for w in timed), default=0.0)
+            paces = {w: min(1.0, times[w] / slowest) for w in timed} if slowest > 0 else {}
+            if isinstance(policy, PacedSSP):
+                policy.set_paces(paces)
+            out.append(paces)
+        return out
 
     def observe(self, worker: int, iteration_s: float) -> bool | None:
         """Record one iteration time (compute + communication) of ``worker``.
@@ -279,8 +304,8 @@ class GSSP:
                 self.profiler.observe(w, seconds)
         self._confirm = confirming
         self.confirming()
-        self._install(groups)
         self.grouped = True
+        self._install(groups)
 
     def check_regroup(self, now: float = float("inf")) -> list[Move]:
         """Move workers if their observed speeds drifted enough (hysteresis in the Regrouper).
@@ -314,6 +339,7 @@ class GSSP:
             self.policies[move.new].add(move.worker)
             self.server_of[move.worker] = move.new
         self.groups = [sorted(self.policies[s].clocks) for s in range(self.servers)]
+        self.paces()
         return moves
 
     def update_shares(self) -> list[float]:
@@ -321,10 +347,13 @@ class GSSP:
 
         An SSP group advances at about the pace of its slowest member, so a
         group of n workers whose slowest takes t seconds applies n / t updates
-        per second.
+        per second; a paced group (``paced``) at the sum of its members' rates.
         """
         times = self.profiler.times()
-        rates = [len(g) / max(times[w] for w in g) if g else 0.0 for g in self.groups]
+        if self.paced:
+            rates = [sum(1.0 / times[w] for w in g if times[w] > 0) for g in self.groups]
+        else:
+            rates = [len(g) / max(times[w] for w in g) if g else 0.0 for g in self.groups]
         total = sum(rates)
         return [r / total if total else 0.0 for r in rates]
 
@@ -352,6 +381,7 @@ class GSSP:
         self.server_of = {w: s for s, g in enumerate(self.groups) for w in g}
         self._since_exchange = [0] * len(groups)
         self._periods = [self.exchange_every] * len(groups)
+        self.paces()
 
     @property
     def idle_servers(self) -> list[int]:
@@ -382,5 +412,5 @@ def gssp_from_config(sync: SyncConfig, workers: int) -> GSSP:
         split_ratio=sync.split_ratio, regroup_cooldown_s=sync.regroup_cooldown_s,
         transient_factor=sync.transient_factor, confirm_span=sync.confirm_span,
         confirm_fraction=sync.confirm_fraction, intra_group=sync.intra_group,
-        exchange_clock=sync.exchange_clock,
+        exchange_clock=sync.exchange_clock, paced=sync.paced,
     )
