@@ -33,7 +33,7 @@ BASE = [
     "run.stop_at_target=false", "run.eval_every_s=4", "run.max_time_s=300", "sync.staleness=3",
     "backend.log_iterations=false",
 ]
-GSSP = ["sync.scheme=gssp", "sync.group_momentum=global", "sync.split_ratio=1.5", "sync.regroup_cooldown_s=5",
+GSSP = ["sync.scheme=gssp", "sync.group_momentum=busiest", "sync.split_ratio=1.5", "sync.regroup_cooldown_s=5",
         "sync.transient_factor=2"]
 SCHEMES: dict[str, list[str]] = {"gssp": GSSP, "gssp+gdtopk": GSSP + ["compression.method=gdtopk"]}
 

@@ -6,7 +6,7 @@ seed, each run stopping at the target (94%, three evaluations in a row) or
 at the 60 s virtual budget. ``gssp-paper`` is the scheme as published: each
 group server keeps its own SGD momentum and any goodness-of-fit split is
 taken, and groups wait for transient stragglers; ``gssp`` is shoal's
-(momentum on the clock of all updates, a 1.5x split floor, no waiting for
+(no group's momentum steps harder than the busiest group's, a 1.5x split floor, no waiting for
 transient stragglers). Verdict: at every lr, gssp reaches the target in at least as
 many seeds as asp.
 
@@ -34,7 +34,7 @@ BASE = [
 ]
 SCHEMES: dict[str, list[str]] = {
     "asp": ["sync.scheme=asp"],
-    "gssp": ["sync.scheme=gssp", "sync.group_momentum=global", "sync.paced=true", "sync.split_ratio=1.5",
+    "gssp": ["sync.scheme=gssp", "sync.group_momentum=busiest", "sync.paced=true", "sync.split_ratio=1.5",
              "sync.transient_factor=2"],
     "gssp-paper": ["sync.scheme=gssp", "sync.group_momentum=server", "sync.split_ratio=1", "sync.regroup_cooldown_s=0",
                    "sync.transient_factor=0", "sync.paced=false"],

@@ -36,7 +36,7 @@ BASE = [
 ]
 SCHEMES: dict[str, list[str]] = {
     "ssp": ["sync.scheme=ssp"],
-    "gssp": ["sync.scheme=gssp", "sync.group_momentum=global", "sync.paced=true", "sync.split_ratio=1.5",
+    "gssp": ["sync.scheme=gssp", "sync.group_momentum=busiest", "sync.paced=true", "sync.split_ratio=1.5",
              "sync.regroup_cooldown_s=5", "sync.transient_factor=2"],
     "gssp-paper": ["sync.scheme=gssp", "sync.group_momentum=server", "sync.split_ratio=1", "sync.regroup_cooldown_s=0",
                "sync.transient_factor=0", "sync.paced=false"],

@@ -291,6 +291,34 @@ def test_unpaced_groups_and_allreduce_groups_run_plain_policies():
         assert not any(isinstance(p.policy(s), PacedSSP) for s in range(2)) and p.paces() == [{}, {}]
 
 
+@pytest.mark.parametrize("mode", ["server", "global", "busiest"])
+def test_momentum_shares_per_mode(mode):
+    p = GSSP(6, staleness=1, exchange_every=2, profile_iterations=1, split_ratio=1.5, group_momentum=mode)
+    _profile(p, [0.1, 0.1, 0.1, 0.1, 0.4, 0.5], rounds=1)
+    assert p.momentum_shares() == ([None] if mode == "server" else [1.0])  # one group while profiling
+    p.initial_split()
+    shares = [pytest.approx(40 / 44), pytest.approx(4 / 44)]
+    expected = {"server": [None, None], "global": shares, "busiest": [shares[0], shares[0]]}
+    assert p.momentum_shares() == expected[mode]
+
+
+def test_by_default_every_group_server_decays_its_momentum_as_the_busiest_one(fast_config, tmp_path, monkeypatch):
+    """The sim backend hands every group server the busiest group's share (the 1x tier: 4 / 0.05 of 4 / 0.05 +
+    4 / 0.4 updates per second), and the paper's mode hands none."""
+    calls: list[tuple[int, float]] = []
+    original = Replica.set_update_share
+    monkeypatch.setattr(Replica, "set_update_share",
+                        lambda self, share: (calls.append((id(self), share)), original(self, share))[1])
+    run = ("sync.scheme=gssp", "cluster.workers=8", TIERS, "run.max_time_s=3", "run.stop_at_target=false")
+    train(fast_config(*run), tmp_path / "d")
+    after_split = [share for _, share in calls if share < 1.0]
+    assert len({server for server, share in calls if share < 1.0}) == 2
+    assert after_split and all(share == pytest.approx(8 / 9, rel=0.05) for share in after_split)
+    calls.clear()
+    train(fast_config(*run, "sync.group_momentum=server"), tmp_path / "s")
+    assert calls == []
+
+
 @pytest.mark.parametrize("share", [1.0, 0.5, 0.1])
 def test_momentum_on_a_share_of_updates_moves_each_gradient_as_far(share):
     """A gradient's total displacement is lr / (1 - m) x g whatever the share; the share only shortens its tail."""

@@ -162,9 +162,9 @@ class CollectiveGroups:
                 self.workers[w].configure.remote(self.epoch, self._settings_version, self.lr, share)
 
     def _shares(self, groups: list[list[int]]) -> list[float | None]:
-        """Each group's share of all updates under GSSP's global momentum (None: its optimizer's own momentum)."""
-        if self.gssp is not None and len(groups) > 1 and self.cfg.sync.group_momentum == "global":
-            return self.gssp.update_shares()
+        """Each group's momentum share (``GSSP.momentum_shares``; None: its optimizer's own momentum)."""
+        if self.gssp is not None and len(groups) > 1:
+            return self.gssp.momentum_shares()
         return [None] * len(groups)
 
     def _collective_states(self) -> list[Any]:

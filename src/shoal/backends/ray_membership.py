@@ -161,11 +161,11 @@ class Membership:
                             moves=[[m.worker, m.old, m.new] for m in moves])
 
     def _share_updates(self) -> None:
-        """Each group server's share of all updates (GSSP global momentum), its exchange density and period, its
+        """Each group server's momentum share (``GSSP.momentum_shares``), its exchange density and period, its
         members' paces (``GSSP.paces``)."""
         if self.collective:
             return self._configure_groups()
-        shares = self.gssp.update_shares() if self.cfg.sync.group_momentum == "global" else [None] * len(self.servers)
+        shares = self.gssp.momentum_shares()
         periods, paces = self.gssp.exchange_periods(), self.gssp.paces()
         for g, (server, share) in enumerate(zip(self.servers, shares)):
             server.set_update_share.remote(share, self._group_density(g), periods[g], paces[g])

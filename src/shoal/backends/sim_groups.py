@@ -75,14 +75,13 @@ class SimGroups:
                             times=[round(t, 6) for t in self.gssp.profiler.times()])
 
     def _share_updates(self) -> bool:
-        """GSSP global momentum: tell each group server its share of all updates; paces follow the speeds (always True)."""
+        """GSSP momentum: tell each group server the share of all updates it decays its momentum on; paces follow the speeds (always True)."""
         assert self.gssp is not None
         self.gssp.exchange_periods()
         self.gssp.paces()  # the servers' policies are the GSSP's own objects: set in place
-        if self.cfg.sync.group_momentum == "global":
-            for server, share in zip(self.servers, self.gssp.update_shares()):
-                if server.replica is not None:
-                    server.replica.set_update_share(share)
+        for server, share in zip(self.servers, self.gssp.momentum_shares()):
+            if server.replica is not None and share is not None:
+                server.replica.set_update_share(share)
         return True
 
     def _exchange(self, sender: int) -> Iterator[simpy.Event]:

@@ -73,11 +73,13 @@ class GSSP:
         intra_group: str = "server",
         exchange_clock: str = "own",
         paced: bool = False,
+        group_momentum: str = "server",
     ) -> None:
         self.workers, self.staleness, self.exchange_every = workers, staleness, exchange_every
         self.allreduce = intra_group == "allreduce"
         self.paced = paced and not self.allreduce
         self.exchange_clock = exchange_clock
+        self.group_momentum = group_momentum
         self.groups_setting, self.threshold, self.max_groups = groups, threshold, max_groups
         self.split_ratio = split_ratio
         self.transient_factor = transient_factor
@@ -357,6 +359,29 @@ class GSSP:
         total = sum(rates)
         return [r / total if total else 0.0 for r in rates]
 
+    def momentum_shares(self) -> list[float | None]:
+        """The share of all updates each group server decays its SGD momentum on (``Replica.set_update_share``).
+
+        ``server`` (the paper): None, every server its own momentum. ``global``:
+        each server's own share, so momentum decays on the clock of all
+        updates, but a server with a small share then takes few large steps
+        (a step of (1 - m^(1/q)) / (1 - m) times lr: 8x for a group with 1/15
+        of the updates), and the heavy-ball step is stable only while lr x
+        curvature stays under 2 (1 + momentum): training drives the curvature
+        to what the busiest group tolerates, and the groups that kick harder
+        overshoot there. ``busiest``: every server at the busiest server's
+        share, so no group steps harder per update than the busiest; a slow
+        group's momentum then lasts longer in time, at most 1 / (busiest
+        share) times as long as on one server. Every mode moves each gradient
+        by lr / (1 - m) in total.
+        """
+        if self.group_momentum == "server":
+            return [None] * self.servers
+        shares = self.update_shares()
+        if self.group_momentum == "busiest":
+            return [max(shares)] * len(shares)
+        return list(shares)
+
     def exchange_periods(self) -> list[int]:
         """Each group server's own updates between two sends of its delta (what ``local_update`` counts from now on).
 
@@ -412,5 +437,5 @@ def gssp_from_config(sync: SyncConfig, workers: int) -> GSSP:
         split_ratio=sync.split_ratio, regroup_cooldown_s=sync.regroup_cooldown_s,
         transient_factor=sync.transient_factor, confirm_span=sync.confirm_span,
         confirm_fraction=sync.confirm_fraction, intra_group=sync.intra_group,
-        exchange_clock=sync.exchange_clock, paced=sync.paced,
+        exchange_clock=sync.exchange_clock, paced=sync.paced, group_momentum=sync.group_momentum,
     )
