@@ -5,9 +5,10 @@ lr 0.05 and momentum 0.9, seed 0, 12 virtual seconds. The runs differ from
 ``paper`` (each group server keeps its own momentum, as published) in one
 setting each: no momentum at the same lr / (1 - m); deltas exchanged after
 every update; two groups; no staleness inside a group; ASP for reference;
-and shoal's fix, momentum decayed on the clock of all updates
-(``sync.group_momentum = "global"``). The accuracy curve says which
-change prevents the collapse.
+and shoal's fixes, momentum decayed on the clock of all updates
+(``sync.group_momentum = "global"``) or at the busiest group's share
+(``"busiest"``, the default). The accuracy curve says which change
+prevents the collapse.
 
 Usage: .venv/bin/python benchmarks/gssp_collapse.py [--jobs 2]
 Writes benchmarks/results/gssp_collapse.{json,md}.
@@ -36,6 +37,9 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "staleness-0": ("BSP inside each group", PAPER + ["sync.staleness=0"]),
     "global-momentum": ("shoal: momentum decayed on the clock of all updates", PAPER[:1] + [
         "sync.group_momentum=global", "sync.split_ratio=1", "sync.regroup_cooldown_s=0", "sync.transient_factor=0",
+        "sync.paced=false"]),
+    "busiest-momentum": ("shoal's default: every group's momentum decays as the busiest group's does", PAPER[:1] + [
+        "sync.group_momentum=busiest", "sync.split_ratio=1", "sync.regroup_cooldown_s=0", "sync.transient_factor=0",
         "sync.paced=false"]),
     "asp": ("ASP, same lr and momentum", ["sync.scheme=asp"]),
 }
