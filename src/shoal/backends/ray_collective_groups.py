@@ -154,7 +154,7 @@ class CollectiveGroups:
                             moves=[[m.worker, m.old, m.new] for m in moves])
 
     def _configure_groups(self) -> None:
-        """The decayed learning rate and each group's share of all updates (global momentum), to every rank;
+        """The decayed learning rate and each group's momentum share (``GSSP.momentum_shares``), to every rank;
         a group's ranks switch to them after the same iteration."""
         self._settings_version += 1
         for members, share in zip(self._formed, self._shares(self._formed)):

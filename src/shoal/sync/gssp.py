@@ -233,8 +233,8 @@ class GSSP:
         profile). After it, it trains in the fastest active group until
         profiled, then the next regroup moves it to the group of its speed.
         Not the slowest: a slow group applies a small share of all updates, so
-        under global momentum each of its updates is a large step
-        (``Replica.set_update_share``); a fast joiner there turns those into
+        under ``group_momentum = "global"`` each of its updates is a large step
+        (``Replica.set_update_share``); a fast joiner there turned those into
         many large steps, and training collapsed (benchmarks/churn.py on ray).
         In the fastest group a slow joiner holds its group back for at most its
         profiling iterations (the SSP bound).
