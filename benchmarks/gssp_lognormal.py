@@ -5,10 +5,10 @@ LeNet-5 on mnist5k, 32 workers whose speeds are lognormal (sigma 0.5, about
 seed, each run stopping at the target (94%, three evaluations in a row) or
 at the 60 s virtual budget. ``gssp-paper`` is the scheme as published: each
 group server keeps its own SGD momentum and any goodness-of-fit split is
-taken, and groups wait for transient stragglers; ``gssp`` is shoal's
-(no group's momentum steps harder than the busiest group's, a 1.5x split floor, no waiting for
-transient stragglers). Verdict: at every lr, gssp reaches the target in at least as
-many seeds as asp.
+taken, and groups wait for transient stragglers; ``gssp`` is shoal's (no
+group's momentum steps harder than the busiest group's, a 1.5x split floor,
+no waiting for transient stragglers). Verdict: at every lr, gssp reaches
+the target in at least as many seeds as asp.
 
 Usage: .venv/bin/python benchmarks/gssp_lognormal.py [--jobs 2] [--seeds 5] [--paper-seeds 2]
 Writes benchmarks/results/gssp_lognormal.{json,md}.

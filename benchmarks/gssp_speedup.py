@@ -53,8 +53,8 @@ SCHEMES: dict[str, list[str]] = {
     "ssp": ["sync.scheme=ssp"],
     "localsgd": ["sync.scheme=localsgd"],
     "diloco": ["sync.scheme=diloco"],
-    # shoal's GSSP: no group's momentum steps harder than the busiest group's, no split under a 1.5x speed ratio, no waiting for
-    # transient stragglers, charged exchange
+    # shoal's GSSP: no group's momentum steps harder than the busiest group's, no split under a 1.5x speed
+    # ratio, no waiting for transient stragglers, charged exchange
     "gssp": ["sync.scheme=gssp", "sync.group_momentum=busiest", "sync.paced=true", "sync.split_ratio=1.5",
              "sync.transient_factor=2"],
 }

@@ -174,8 +174,9 @@ class GroupServer:
     def set_update_share(self, share: float | None, density: float, exchange_every: int,
                          paces: dict[int, float] | None = None) -> None:
         """GSSP: the share of all updates this server decays its momentum on (GSSP.momentum_shares, then
-        Replica.set_update_share; None: the paper's own momentum), the density its exchange is compressed at, its own updates between sends
-        (GSSP.exchange_periods) and its members' paces (GSSP.paces, for a paced SSP)."""
+        Replica.set_update_share; None: the paper's own momentum), the density its exchange is compressed at,
+        its own updates between sends (GSSP.exchange_periods) and its members' paces (GSSP.paces, for a paced
+        SSP)."""
         if self.replica is not None and share is not None:
             self.replica.set_update_share(share)
         self.exchange_density = density

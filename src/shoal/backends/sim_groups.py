@@ -75,7 +75,8 @@ class SimGroups:
                             times=[round(t, 6) for t in self.gssp.profiler.times()])
 
     def _share_updates(self) -> bool:
-        """GSSP momentum: tell each group server the share of all updates it decays its momentum on; paces follow the speeds (always True)."""
+        """Tell each group server the share of all updates it decays its momentum on (``GSSP.momentum_shares``);
+        paces follow the speeds (always True)."""
         assert self.gssp is not None
         self.gssp.exchange_periods()
         self.gssp.paces()  # the servers' policies are the GSSP's own objects: set in place

@@ -370,9 +370,9 @@ class GSSP:
         curvature stays under 2 (1 + momentum): training drives the curvature
         to what the busiest group tolerates, and the groups that kick harder
         overshoot there. ``busiest``: every server at the busiest server's
-        share, so no group steps harder per update than the busiest; a slow
-        group's momentum then lasts longer in time, at most 1 / (busiest
-        share) times as long as on one server. Every mode moves each gradient
+        share, so no group steps harder per update than the busiest; a group
+        with share q then keeps pushing q_max / q times as long in time as on
+        one server (the paper's rule: 1 / q). Every mode moves each gradient
         by lr / (1 - m) in total.
         """
         if self.group_momentum == "server":
