@@ -307,8 +307,12 @@ def test_by_default_every_group_server_decays_its_momentum_as_the_busiest_one(fa
     4 / 0.4 updates per second), and the paper's mode hands none."""
     calls: list[tuple[int, float]] = []
     original = Replica.set_update_share
-    monkeypatch.setattr(Replica, "set_update_share",
-                        lambda self, share: (calls.append((id(self), share)), original(self, share))[1])
+
+    def recording(self: Replica, share: float) -> None:
+        calls.append((id(self), share))
+        original(self, share)
+
+    monkeypatch.setattr(Replica, "set_update_share", recording)
     run = ("sync.scheme=gssp", "cluster.workers=8", TIERS, "run.max_time_s=3", "run.stop_at_target=false")
     train(fast_config(*run), tmp_path / "d")
     after_split = [share for _, share in calls if share < 1.0]

@@ -380,7 +380,7 @@ class GSSP:
         shares = self.update_shares()
         if self.group_momentum == "busiest":
             return [max(shares)] * len(shares)
-        return list(shares)
+        return shares
 
     def exchange_periods(self) -> list[int]:
         """Each group server's own updates between two sends of its delta (what ``local_update`` counts from now on).
