@@ -187,8 +187,8 @@ def test_bad_scheme_is_one_line_exit_2_and_writes_nothing(tmp_path):
     result = shoal("compare", *_sets(), "--schemes", "bsp,gssp+warp", "--out", str(tmp_path / "c"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
-        "error: --schemes: unknown modifier 'warp' in 'gssp+warp'; choose from sim, fp16, topk, randk, dgc, qsgd, gdtopk, powersgd, ina, "
-        "ina-grid, ina-rgria, ina-exact, ina-geryon, ina-atp, ina-switchml"]
+        "error: --schemes: unknown modifier 'warp' in 'gssp+warp'; choose from sim, dgc, fp16, gdtopk, powersgd, qsgd, randk, topk, ina, "
+        "ina-atp, ina-atp2, ina-exact, ina-geryon, ina-grid, ina-rgria, ina-switchml"]
     assert not (tmp_path / "c").exists()
 
 

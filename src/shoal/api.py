@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shoal.config import Config, ConfigError, apply_overrides, build_config, load_config
+from shoal.config import Config, apply_overrides, build_config, load_config
+from shoal.errors import ConfigError
 
 ConfigLike = str | Path | Mapping[str, Any] | Config
 

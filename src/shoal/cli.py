@@ -16,7 +16,7 @@ from shoal.commands.report import report
 from shoal.commands.route import route
 from shoal.commands.trace import trace
 from shoal.commands.train import train
-from shoal.engine.metrics import InternalError
+from shoal.errors import InternalError
 
 app = typer.Typer(
     add_completion=True,

@@ -11,14 +11,16 @@ import difflib
 import json
 import tomllib
 from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator,
                       model_validator)
 
+from shoal.errors import ConfigError
+from shoal.registry import COMPRESSORS, PLANNERS, SCHEMES, Registry
 
-class ConfigError(ValueError):
-    """Bad user input: the message is one line naming the key or file and the problem."""
+__all__ = ["Config", "ConfigError", "build_config", "load_config", "to_toml"]
 
 
 def _positive_list(values: list[Any]) -> list[Any]:
@@ -222,11 +224,24 @@ class ClusterConfig(Section):
         return [speed for c in self.schedule() for speed in (c.speeds or [1.0] * c.add)]
 
 
-LOCAL_SCHEMES = ("localsgd", "diloco")
+def _registered(registry: Registry[Any], value: str, *also: str) -> str:
+    """``value`` if ``registry`` (or ``also``) knows it, else a one-line error listing what it knows."""
+    if value in also or value in registry:
+        return value
+    raise ValueError(f"unknown {registry.kind} {value!r}; use one of {', '.join((*also, *registry.names()))}")
+
+
+def _choices(registry: Registry[Any], *also: str) -> Callable[[dict[str, Any]], None]:
+    """JSON-schema hook: the registered names as the key's ``enum`` (read when the schema is generated)."""
+
+    def add(schema: dict[str, Any]) -> None:
+        schema["enum"] = [*also, *registry.names()]
+
+    return add
 
 
 class SyncConfig(Section):
-    scheme: Literal["bsp", "asp", "ssp", "gssp", "localsgd", "diloco"] = Field("bsp", description="Synchronisation scheme (localsgd: average models every local_steps; diloco: outer Nesterov step on the averaged change).")
+    scheme: str = Field("bsp", description="Synchronisation scheme, one of the registered ones (localsgd: average models every local_steps; diloco: outer Nesterov step on the averaged change).", json_schema_extra=_choices(SCHEMES))
     local_steps: int = Field(8, ge=1, description="localsgd, diloco: local optimizer steps between two averagings (H).")
     intra_group: Literal["server", "allreduce"] = Field("server", description="bsp and gssp: how a group combines its gradients. server: workers pull from and push to a (group) parameter server (GSSP: SSP inside each group, as the paper); allreduce: the group is synchronous, every member keeps its own replica and optimizer and the gradients are ring all-reduced (on ray: torch.distributed DDP, gloo on CPU, NCCL on GPU; on sim: a ring all-reduce's cost); GSSP groups still exchange their own deltas asynchronously, dense, and nobody is excused as a transient straggler.")
     outer_lr: float = Field(0.7, gt=0, description="diloco: learning rate of the outer Nesterov SGD on the averaged pseudo-gradient (DiLoCo: 0.7).")
@@ -249,6 +264,11 @@ class SyncConfig(Section):
     regroup_cooldown_s: float = Field(5.0, ge=0, description="GSSP: seconds (virtual on sim) after a regroup before the next one may happen.")
     transient_factor: float = Field(2.0, ge=0, description="GSSP: an iteration over this many times a worker's profiled speed makes it a transient straggler that its group does not wait for until it runs at its usual speed again (0 = off, as the paper).")
     split_ratio: float = Field(1.5, ge=1, description="GSSP auto grouping: neighbouring groups' median iteration times must differ by at least this factor, else they merge (1 = no floor).")
+
+    @field_validator("scheme")
+    @classmethod
+    def _known_scheme(cls, v: str) -> str:
+        return _registered(SCHEMES, v)
 
     @field_validator("groups")
     @classmethod
@@ -291,9 +311,7 @@ class SimilarityConfig(Section):
 
 
 class CompressionConfig(Section):
-    method: Literal["none", "fp16", "topk", "randk", "dgc", "qsgd", "gdtopk", "powersgd"] = Field(
-        "none", description="Compressor for worker uploads (gdtopk: top-k with a per-group density schedule)."
-    )
+    method: str = Field("none", description="Compressor for worker uploads: none, or one of the registered ones (gdtopk: top-k with a per-group density schedule).", json_schema_extra=_choices(COMPRESSORS, "none"))
     density: float = Field(0.01, gt=0, le=1, description="Fraction of values kept by sparsifying compressors.")
     rank: int = Field(4, ge=1, description="powersgd: rank r of the low-rank approximation of each matrix-shaped tensor.")
     momentum_correction: bool = Field(True, description="dgc with SGD momentum: workers apply the momentum before sparsifying and clear it where values were sent (DGC's momentum correction and factor masking); the server steps plain SGD.")
@@ -301,11 +319,16 @@ class CompressionConfig(Section):
     gdtopk: GDTopKConfig = GDTopKConfig()
     similarity: SimilarityConfig = SimilarityConfig()
 
+    @field_validator("method")
+    @classmethod
+    def _known_compressor(cls, v: str) -> str:
+        return _registered(COMPRESSORS, v, "none")
+
 
 class NetworkConfig(Section):
     aggregation: Literal["server", "ina"] = Field("server", description="Where gradients are summed: at the server, or in the network (ina) along a routing plan.")
     topology: str = Field("fattree:k=4", description="ina: fattree:k=K[,hosts=H], leafspine:spines=S,leaves=L[,hosts=H], or a JSON topology file.")
-    algorithm: Literal["grid", "rgria", "exact", "geryon", "atp", "switchml"] = Field("grid", description="ina: the planner that assigns each worker to a switch or the server.")
+    algorithm: str = Field("grid", description="ina: the planner that assigns each worker to a switch or the server (one of the registered planners).", json_schema_extra=_choices(PLANNERS))
     programmable: str = Field("tor", description="ina: programmable switches: tor, all, none, random:F, or a JSON file listing switch names.")
     capacity_gbps: list[float] = Field([100.0, 3200.0], min_length=1, max_length=2, description="ina: switch aggregation capacity (Gbps): [C] or [LO, HI] drawn uniformly per switch; [] is not allowed.")
     link_gbps: float | None = Field(None, gt=0, description="ina: bandwidth of every topology link (Gbps); none keeps the topology's (generated ones: 100).")
@@ -314,6 +337,11 @@ class NetworkConfig(Section):
     switch_slots: int = Field(512, ge=1, description="ina, ray backend: memory units (aggregators) of each software switch; a fragment whose unit is taken goes on to the server unaggregated.")
     fragment_size: int = Field(1024, ge=1, description="ina, ray backend: gradient values per fragment (one switch unit holds one fragment).")
     resend_timeout_s: float = Field(1.0, gt=0, description="ina, ray backend: a worker resends fragments the server has not acknowledged within this many seconds.")
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known_planner(cls, v: str) -> str:
+        return _registered(PLANNERS, v)
 
 
 class BackendConfig(Section):
@@ -358,20 +386,23 @@ class Config(Section):
             raise ValueError("task.higher_is_better: say whether a higher value of your metric is better (true or false)")
         if self.compression.similarity.enabled and self.backend.mode == "cost":
             raise ValueError("compression.similarity: SIM measures real gradients, so it needs backend.mode = \"train\"")
-        if self.sync.scheme in LOCAL_SCHEMES:
+        scheme = SCHEMES[self.sync.scheme]
+        if scheme.local_models:
             if self.compression.similarity.enabled:
-                raise ValueError(f"compression.similarity: {self.sync.scheme} already averages periodically; SIM applies to bsp, asp, ssp and gssp")
+                others = ", ".join(name for name, e in SCHEMES.entries().items() if not e.item.local_models)
+                raise ValueError(f"compression.similarity: {self.sync.scheme} already averages periodically; SIM applies to {others}")
             if self.backend.mode == "cost":
                 raise ValueError(f"sync.scheme: {self.sync.scheme} steps real local models, so it needs backend.mode = \"train\"")
         if self.sync.intra_group == "allreduce":
-            if self.sync.scheme not in ("bsp", "gssp"):
-                raise ValueError(f"sync.intra_group: all-reduce groups are synchronous: sync.scheme = \"bsp\" or \"gssp\", not {self.sync.scheme}; use intra_group = \"server\"")
+            if not scheme.allreduce:
+                synchronous = " or ".join(f"\"{name}\"" for name, spec in SCHEMES.entries().items() if spec.item.allreduce)
+                raise ValueError(f"sync.intra_group: all-reduce groups are synchronous: sync.scheme = {synchronous}, not {self.sync.scheme}; use intra_group = \"server\"")
             if self.compression.method != "none" or self.compression.similarity.enabled:
                 raise ValueError("sync.intra_group: the all-reduce path sends dense gradients; use compression.method = \"none\" without SIM")
             if self.network.aggregation == "ina":
                 raise ValueError("sync.intra_group: in-network aggregation sums at switches through the server path; use intra_group = \"server\"")
         if self.network.aggregation == "ina":
-            if self.sync.scheme != "bsp":
+            if not scheme.ina:
                 raise ValueError("network.aggregation: in-network aggregation sums one synchronous round, so it needs sync.scheme = \"bsp\"")
             if self.compression.method != "none" or self.compression.similarity.enabled:
                 raise ValueError("network.aggregation: switches sum dense gradients; use compression.method = \"none\" without SIM")

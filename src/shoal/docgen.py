@@ -32,6 +32,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from shoal.config import DATA_BUILTINS, DATA_FILE_KINDS, Config, toml_value
+from shoal.registry import COMPRESSORS, PLANNERS, SCHEMES
 
 DEFAULT_PATH = Path("docs/configuration.md")
 REGENERATE = "make docs  (or: .venv/bin/python -m shoal.docgen --out docs/configuration.md)"
@@ -47,6 +48,10 @@ VALIDATOR_TEXT = {
         f"{', '.join(DATA_BUILTINS)}, or KIND:PATH with KIND one of {', '.join(DATA_FILE_KINDS)} and PATH an existing file or folder"
     ),
     "_positive_groups": "a count must be >= 1",
+    # a registered name: the allowed column lists the registry's names (from the key's JSON-schema enum)
+    "_known_scheme": "",
+    "_known_compressor": "",
+    "_known_planner": "",
 }
 
 
@@ -138,7 +143,7 @@ def _tables(prefix: str, model: type[BaseModel], array: bool = False) -> Iterato
 
 def _key(dotted: str, field: FieldInfo, validators: list[Any]) -> Key:
     tp, meta = _strip(field.annotation)
-    allowed = _allowed(tp, meta + list(field.metadata))
+    allowed = _registered(field) + _allowed(tp, meta + list(field.metadata))
     allowed += [t for t in (_validator_text(fn) for fn in validators) if t not in allowed]
     return Key(
         dotted=dotted,
@@ -147,6 +152,14 @@ def _key(dotted: str, field: FieldInfo, validators: list[Any]) -> Key:
         allowed="; ".join(a for a in allowed if a),
         description=" ".join((field.description or "").split()),
     )
+
+
+def _registered(field: FieldInfo) -> list[str]:
+    """``one of ...`` for a key whose names come from a registry (its JSON-schema hook sets ``enum``)."""
+    extra: dict[str, Any] = {}
+    if callable(field.json_schema_extra):
+        field.json_schema_extra(extra)
+    return ["one of " + ", ".join(_toml(v) for v in extra["enum"])] if "enum" in extra else []
 
 
 def _model_checks(model: type[BaseModel]) -> list[str]:
@@ -392,6 +405,7 @@ def render(model: type[BaseModel] = Config) -> str:
         "Column *allowed* lists the accepted values or bounds; *default* `not set`",
         "means the key is optional and absent by default.",
         "",
+        *_registries(),
     ]
     for table in all_tables:
         depth = table.name.count(".")
@@ -419,6 +433,17 @@ def render(model: type[BaseModel] = Config) -> str:
                 )
             out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _registries() -> list[str]:
+    """The registered schemes, compressors and planners, each with its one line of help."""
+    out = ["## Registered components", "",
+           "Each of these registers itself where it is defined (docs/extending.md says how to add one):", ""]
+    for registry, key in ((SCHEMES, "sync.scheme"), (COMPRESSORS, "compression.method"), (PLANNERS, "network.algorithm")):
+        out += [f"`{key}`:", ""]
+        out += [f"- `{name}`: {entry.help}" for name, entry in registry.entries().items()]
+        out.append("")
+    return out
 
 
 def _checks(title: str, checks: list[str]) -> list[str]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shoal.config import ConfigError
+from shoal.errors import ConfigError
 
 PREFIX = "python:"
 _loaded: dict[str, Callable[..., Any]] = {}

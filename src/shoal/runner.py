@@ -10,9 +10,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from shoal.config import Config, ConfigError, to_toml
-from shoal.engine.metrics import InternalError, RunRecorder, write_json_atomic
+from shoal.config import Config, to_toml
+from shoal.errors import ConfigError
+from shoal.engine.metrics import RunRecorder, write_json_atomic
+from shoal.errors import InternalError
 from shoal.engine.setup import RunSetup, build_setup
+from shoal.strategy import Strategy
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "model.safetensors")
 
@@ -57,14 +60,16 @@ def remove_dirs(folders: list[Path]) -> None:
 
 def run_backend(setup: RunSetup, recorder: RunRecorder, progress: Any = None, *, out: Path | None = None,
                 resume: Path | None = None) -> dict[str, Any]:
-    """Drive the configured backend to the end of the run (``out``: where the ray backend checkpoints)."""
+    """Build the run's Strategy once and let the configured backend drive it to the end (``out``: where the ray
+    backend checkpoints)."""
+    strategy = Strategy.from_config(setup.cfg, setup.engine.layout)
     if setup.cfg.backend.name == "ray":
         from shoal.backends.ray import RayBackend
 
-        return RayBackend(setup, recorder, progress, out=out, resume=resume).run()
+        return RayBackend(setup, recorder, progress, out=out, resume=resume, strategy=strategy).run()
     from shoal.backends.sim import SimBackend
 
-    return SimBackend(setup, recorder, progress).run()
+    return SimBackend(setup, recorder, progress, strategy=strategy).run()
 
 
 def _check_inputs(cfg: Config, out: Path, overwrite: bool, resume: Path | None) -> bool:

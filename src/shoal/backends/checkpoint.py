@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from shoal.config import ConfigError, OptimizerConfig
+from shoal.config import OptimizerConfig
+from shoal.errors import ConfigError
 from shoal.engine.replica import Replica
 
 FORMAT = "shoal-checkpoint/1"

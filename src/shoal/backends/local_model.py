@@ -1,8 +1,8 @@
 """A worker's own copy of the model, for local steps between aggregations (SIM, local SGD, DiLoCo).
 
 Backend-neutral (plain torch): the sim backend keeps one per worker, the ray
-backend one inside each worker actor. The helpers at the end decide, from a
-config, whether workers keep one and which schedule says when to aggregate.
+backend one inside each worker actor. Whether workers keep one, and which
+schedule says when to aggregate, is the Strategy's to say (shoal/strategy.py).
 """
 
 from __future__ import annotations
@@ -11,11 +11,9 @@ from collections.abc import Sequence
 
 import torch
 
-from shoal.compress.similarity import SimilaritySchedule
-from shoal.config import LOCAL_SCHEMES, Config, OptimizerConfig
+from shoal.config import OptimizerConfig
 from shoal.engine.gradients import TensorSlot
 from shoal.engine.replica import Replica
-from shoal.sync.localsgd import PeriodicSchedule
 
 
 class LocalModel:
@@ -59,27 +57,3 @@ class LocalModel:
 
     def set_lr(self, lr: float) -> None:
         self.replica.set_lr(lr)
-
-
-def uses_local_models(cfg: Config) -> bool:
-    """Whether every worker keeps its own model copy: SIM, local SGD and DiLoCo."""
-    return cfg.compression.similarity.enabled or cfg.sync.scheme in LOCAL_SCHEMES
-
-
-def outer_step(cfg: Config) -> tuple[float, float] | None:
-    """DiLoCo's outer optimizer (lr, Nesterov momentum) for the server replica; None for every other scheme."""
-    return (cfg.sync.outer_lr, cfg.sync.outer_momentum) if cfg.sync.scheme == "diloco" else None
-
-
-def aggregation_schedule(cfg: Config, layout: Sequence[TensorSlot]) -> SimilaritySchedule | PeriodicSchedule | None:
-    """Which tensors are aggregated at which clock: SIM's measured schedule, local SGD's fixed one, or None."""
-    if cfg.sync.scheme in LOCAL_SCHEMES:
-        return PeriodicSchedule(len(layout), cfg.sync.local_steps)
-    sim = cfg.compression.similarity
-    if not sim.enabled:
-        return None
-    return SimilaritySchedule(
-        [s.name for s in layout], [s.numel for s in layout], threshold=sim.threshold, max_period=sim.max_period,
-        warmup_iterations=sim.warmup_iterations, min_numel=sim.min_numel, smoothing=sim.smoothing,
-        rule=sim.rule, min_snr=sim.min_snr, base_period=sim.base_period,
-    )

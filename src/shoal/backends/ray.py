@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from shoal.backends.local_model import uses_local_models
 from shoal.backends.ray_collective_groups import CollectiveGroups
 from shoal.backends.ray_evaluator import mean_state
 from shoal.backends.ray_membership import Membership
@@ -35,12 +34,11 @@ from shoal.backends.ray_server_recovery import ServerRecovery
 from shoal.backends.ray_wire import first_line
 from shoal.backends.ray_start import ActorSetup
 from shoal.backends.ray_session import ActorPool, plugin_folders, ray_session, sigterm_as_interrupt, validate
-from shoal.compress import GDTopKSchedule
 from shoal.compress.similarity import similarity_summary
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary, diverged, internal_error
 from shoal.engine.setup import RunSetup
 from shoal.engine.task import Evaluation
-from shoal.sync.gssp import gssp_from_config
+from shoal.strategy import Strategy
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -62,19 +60,19 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
     """
 
     def __init__(self, setup: RunSetup, recorder: RunRecorder, progress: ProgressFn | None = None,
-                 out: Path | None = None, resume: Path | None = None) -> None:
+                 out: Path | None = None, resume: Path | None = None, strategy: Strategy | None = None) -> None:
         validate(setup.cfg)
         self.setup, self.cfg, self.recorder, self.progress = setup, setup.cfg, recorder, progress
+        self.strategy = strategy or Strategy.from_config(setup.cfg, setup.engine.layout)
         self.out, self.resume = out, resume
         self.profile = setup.profile
         self.n = self.profile.workers
         self.speeds = list(self.profile.speeds)
         self.stats = [WorkerStats(id=w, group=0, speed=self.speeds[w]) for w in range(self.n)]
-        self.gssp = gssp_from_config(self.cfg.sync, self.n) if self.cfg.sync.scheme == "gssp" else None
+        self.gssp = self.strategy.coordinator(self.n)
         self.collective = self.cfg.sync.intra_group == "allreduce"  # all-reduce groups: workers only
         self._formed: list[list[int]] = []  # the all-reduce groups as formed now
         self._exchange_totals = {"exchanges": 0, "bytes_exchange": 0}  # all-reduce groups' deltas sent
-        self.schedule = GDTopKSchedule.from_config(self.cfg.compression.gdtopk)
         self.servers: list[Any] = []
         self.spares: list[Any] = []
         self.standby: list[Any] = []  # warm spare servers (backend.standby_servers) for replacing a dead one
@@ -257,7 +255,7 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
                 server.set_lr.remote(lr)  # with SIM the servers also restart their periods
             if self.collective and self.gssp is not None:
                 self._configure_groups()
-            if uses_local_models(self.cfg):
+            if self.strategy.local_models:
                 for w in self.alive:
                     self.workers[w].set_lr.remote(lr)
             self.recorder.event("lr_decay", t=self.now(), epoch=round(epoch, 4), lr=lr)  # as the sim backend

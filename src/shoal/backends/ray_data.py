@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from shoal.config import Config, ConfigError
+from shoal.config import Config
+from shoal.errors import ConfigError
 from shoal.data import Dataset, load_dataset
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from shoal.compress.codec import exchange_codec
 from shoal.engine.metrics import WorkerStats
 from shoal.sync.gssp import Move
 
@@ -88,21 +87,12 @@ class Membership:
         return self.gssp.server_of[worker] if self.gssp is not None else 0
 
     def _density(self, worker: int) -> float:
-        """Upload density of ``worker`` now: fixed for topk, scheduled per group for gdtopk (as in sim)."""
-        if self.cfg.compression.method != "gdtopk":
-            return self.cfg.compression.density
-        epoch = self.setup.epochs(self.recorder.iterations)
-        if self.gssp is None or not self.gssp.grouped:
-            return self.schedule.group_density(epoch, [], [])
-        return self._group_density(self.gssp.server_of[worker])
+        """Upload density of ``worker`` now: the strategy's rule, as in sim."""
+        return self.strategy.density(self.setup.epochs(self.recorder.iterations), worker, self.gssp)
 
     def _group_density(self, server: int) -> float:
         """GDTopK: a group's scheduled density (endpoints: the fastest and slowest group, as in sim)."""
-        if self.cfg.compression.method != "gdtopk" or self.gssp is None:
-            return self.cfg.compression.density
-        epoch = self.setup.epochs(self.recorder.iterations)
-        groups = self.gssp.groups
-        return self.schedule.group_density(epoch, self.gssp.profiler.times(), groups[server], groups)
+        return self.strategy.group_density(self.setup.epochs(self.recorder.iterations), server, self.gssp)
 
     def _split(self, groups: list[list[int]]) -> None:
         """One server per group: group 0 keeps server 0 (fresh optimizer), the others start from its copy."""
@@ -126,9 +116,7 @@ class Membership:
         self.spares = []
         self.servers = [self.servers[0], *new]
         ray.get([s.set_peers.remote(self.servers, self.t0) for s in self.servers])
-        layout = self.setup.engine.layout
-        ray.get([s.set_exchange_codec.remote(exchange_codec(self.cfg.compression, self.cfg.run.seed, g, layout))
-                 for g, s in enumerate(self.servers)])
+        ray.get([s.set_exchange_codec.remote(self.strategy.exchange_codec(g)) for g, s in enumerate(self.servers)])
         for g, members in enumerate(groups):
             for w in members:
                 self.stats[w].group = g

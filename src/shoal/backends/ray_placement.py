@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from shoal.config import ConfigError
+from shoal.errors import ConfigError
 
 
 class Reservation:

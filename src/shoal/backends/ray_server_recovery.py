@@ -28,9 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.backends import checkpoint
-from shoal.backends.local_model import aggregation_schedule
 from shoal.backends.ray_wire import answered, first_line
-from shoal.compress.codec import exchange_codec
 
 class ServerRecovery:
     """Replaces dead group servers from a peer, the last checkpoint or the last evaluated state."""
@@ -168,12 +166,11 @@ class ServerRecovery:
         else:
             ray.get(server.install.remote(policy, *self._source_state(source), self.gssp is not None, self.epoch))
         server.set_lr.remote(self.lr)
-        schedule = aggregation_schedule(self.cfg, self.setup.engine.layout)
+        schedule = self.strategy.aggregation_schedule()
         if schedule is not None:
             server.set_similarity.remote(schedule, self._slices())
         if self.gssp is not None and self.gssp.grouped:
-            server.set_exchange_codec.remote(exchange_codec(self.cfg.compression, self.cfg.run.seed, g,
-                                                            self.setup.engine.layout))
+            server.set_exchange_codec.remote(self.strategy.exchange_codec(g))
 
     def _source_state(self, source: dict[str, Any]) -> tuple[Any, Any]:
         """(params, buffers) of a peer's replica or of the last evaluated state; the initial state if gone."""

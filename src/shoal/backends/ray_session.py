@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from shoal.backends import checkpoint
-from shoal.config import BackendConfig, Config, ConfigError
+from shoal.config import BackendConfig, Config
+from shoal.errors import ConfigError
 
 #: keeps an embedded Ray on loopback, without usage reporting or token files
 LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}

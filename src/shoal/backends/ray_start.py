@@ -15,7 +15,6 @@ import torch
 
 from shoal.backends.ray_data import shard_ref
 from shoal.backends.ray_evaluator import Evaluator
-from shoal.backends.local_model import aggregation_schedule, outer_step, uses_local_models
 from shoal.backends.ray_server import GroupServer
 from shoal.backends.ray_placement import bundle, reserve
 from shoal.backends.ray_session import ActorPool
@@ -23,10 +22,8 @@ from shoal.backends.ray_wire import Link, actor_threads
 from shoal.backends.ray_worker import Worker
 from shoal.backends.ray_switch import SERVER, SwitchActor, worker_name
 from shoal.cluster.grouping import choose_groups
-from shoal.compress.codec import server_optimizer
-from shoal.config import ConfigError
-from shoal.sync import SyncPolicy, make_policy
-from shoal.sync.policies import SSP, PacedSSP
+from shoal.errors import ConfigError
+from shoal.sync import SyncPolicy
 
 
 STARTUP_TIMEOUT_S = 300.0
@@ -109,8 +106,8 @@ class ActorSetup:
         """What a group server for group ``index`` is built from (GroupServer.__init__)."""
         c, b = self.cfg.cluster, self.cfg.backend
         peer_link = Link(c.latency_ms / 1e3, c.server_gbps * 1e9, c.emulate)
-        return (index, server_optimizer(self.cfg.compression, self.cfg.optimizer), self._weight(),
-                self.cfg.sync.exchange_every, peer_link, actor_threads(b.cpus_per_server), outer_step(self.cfg))
+        return (index, self.strategy.server_optimizer, self._weight(),
+                self.cfg.sync.exchange_every, peer_link, actor_threads(b.cpus_per_server), self.strategy.outer_step)
 
     def _server_actor(self, index: int) -> Any:
         options = {"num_cpus": self.cfg.backend.cpus_per_server, "max_concurrency": 10_000}
@@ -314,13 +311,12 @@ class ActorSetup:
     def _initial_policies(self, resumed: dict[str, Any] | None) -> list[SyncPolicy]:
         if self.gssp is not None:
             return [self._live_policy(members) for members in self.gssp.groups]
-        sync = self.cfg.sync
-        return [make_policy(sync.scheme, range(self.n), sync.staleness, sync.local_steps)]
+        return [self.strategy.policy(range(self.n))]
 
-    def _live_policy(self, members: list[int]) -> SSP:
-        """The SSP policy a group server runs (paced once GSSP groups are paced): its members still alive."""
-        paced = self.gssp is not None and self.gssp.paced and self.gssp.grouped
-        policy = (PacedSSP if paced else SSP)(members or [0], self.cfg.sync.staleness)
+    def _live_policy(self, members: list[int]) -> SyncPolicy:
+        """The policy a (group) server runs over its members still alive: the strategy's (a GSSP group's own)."""
+        members = members or [0]
+        policy = self.gssp.group_policy(members) if self.gssp is not None else self.strategy.policy(members)
         starting = set(self._starting.values())  # admitted once they answer (at the slowest clock then)
         for w in list(policy.clocks):
             if w not in members or w in self.dead or w in self.departed or w in starting:
@@ -337,7 +333,7 @@ class ActorSetup:
         else:
             folder = str(resumed["folder"])
             ray.get([s.restore.remote(policies[g], folder, f"group-{g}", self.epoch) for g, s in enumerate(self.servers)])
-        schedule = aggregation_schedule(self.cfg, self.setup.engine.layout)  # built exactly as the sim builds it
+        schedule = self.strategy.aggregation_schedule()  # built exactly as the sim builds it
         if schedule is not None:  # SIM periods are not checkpointed: a resume starts them again
             ray.get([s.set_similarity.remote(schedule.restarted(keep_bytes=g == 0), self._slices())
                      for g, s in enumerate(self.servers)])
@@ -349,6 +345,6 @@ class ActorSetup:
         """Start ``w``'s loop on its current route."""
         self.alive.add(w)
         server = self.server_of(w)
-        if uses_local_models(self.cfg) and self.lr != self.cfg.optimizer.lr:
+        if self.strategy.local_models and self.lr != self.cfg.optimizer.lr:
             self.workers[w].set_lr.remote(self.lr)  # a restarted worker's local optimizer follows the decay
         self._run_refs[self.workers[w].run.remote(self.t0, self.epoch, server, self.servers[server])] = w

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shoal.backends.local_model import LocalModel, uses_local_models
+from shoal.backends.local_model import LocalModel
 from shoal.backends.ray_data import ShardRef, load_shard
 from shoal.backends.ray_switch import WorkerSide
 from shoal.backends.ray_wire import (
@@ -31,10 +31,10 @@ from shoal.backends.ray_wire import (
 )
 from shoal.cluster import StragglerModel
 from shoal.compress import GradientCodec
-from shoal.compress.codec import DELTA_SALT, worker_codec
 from shoal.config import Config
 from shoal.data import BatchStream, Dataset
 from shoal.engine.setup import build_engine
+from shoal.strategy import Strategy
 
 
 def worker_shard(cfg: Config, worker: int, data: ShardRef | tuple[np.ndarray, np.ndarray],
@@ -84,14 +84,15 @@ class Worker:
         shard, self.stream = worker_shard(cfg, worker, data, num_classes)
         self.engine = build_engine(cfg, shard.input_shape, num_classes)
         self.engine.model.to(self.device)
-        self.codec = self._codec()
+        self.strategy = Strategy.from_config(cfg, self.engine.layout)  # the driver's, rebuilt from the same config
+        self.codec = self.strategy.codec(worker)
         self.slices = [slice(t.offset, t.offset + t.numel) for t in self.engine.layout]
         self.local: LocalModel | None = None  # SIM: this worker's own model copy and a codec for its changes
         self.delta_codec: GradientCodec | None = None
-        if uses_local_models(cfg):
+        if self.strategy.local_models:
             params, buffers = self.engine.initial_state()
             self.local = LocalModel(params.cpu(), buffers.cpu(), cfg.optimizer, self.engine.layout)
-            self.delta_codec = self._codec(salt=DELTA_SALT)
+            self.delta_codec = self.strategy.delta_codec(worker)
         self.stragglers = StragglerModel(cfg.cluster.stragglers, cfg.cluster.total_workers, cfg.run.seed)
         c = cfg.cluster
         self.link = Link(c.latency_ms / 1e3, c.link_gbps * 1e9, c.emulate)
@@ -112,10 +113,6 @@ class Worker:
         params, buffers = self.engine.initial_state()
         batch = min(len(shard.y_train), self.cfg.data.batch_size)
         self.engine.gradient(params, buffers, shard.x_train[:batch].to(self.device), shard.y_train[:batch].to(self.device))
-
-    def _codec(self, salt: int = 0) -> GradientCodec | None:
-        opt = self.cfg.optimizer if salt == 0 else None  # gradients (not SIM's local changes) get DGC's momentum
-        return worker_codec(self.cfg.compression, self.cfg.run.seed, self.w, self.engine.layout, salt, opt)
 
     # -- control (called by the driver) -------------------------------------------------
 

@@ -23,21 +23,19 @@ import simpy
 import torch
 
 from shoal.cluster import StragglerModel
-from shoal.backends.local_model import LocalModel, aggregation_schedule, outer_step, uses_local_models
+from shoal.backends.local_model import LocalModel
 from shoal.backends.sim_groups import SimGroups
 from shoal.backends.sim_membership import SimMembership
 from shoal.backends.sim_server import Pulled, Push, SimServer
-from shoal.compress import GDTopKSchedule, GradientCodec
-from shoal.compress.codec import DELTA_SALT, server_optimizer, worker_codec
-from shoal.compress.similarity import SimilaritySchedule, similarity_summary
-from shoal.sync.localsgd import PeriodicSchedule
+from shoal.compress import GradientCodec
+from shoal.compress.similarity import similarity_summary
 from shoal.config import Config
 from shoal.engine.cost import SharedLink, ring_allreduce_bytes, ring_allreduce_time
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary, diverged, internal_error
 from shoal.engine.replica import Replica
 from shoal.engine.setup import RunSetup
-from shoal.sync import SyncPolicy, make_policy
-from shoal.sync.gssp import gssp_from_config
+from shoal.strategy import AggregationSchedule, Strategy
+from shoal.sync import SyncPolicy
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -45,9 +43,11 @@ ProgressFn = Callable[[dict[str, Any]], None]
 class SimBackend(SimGroups, SimMembership):
     """Runs one configured training (or cost-only) simulation to its stopping rule."""
 
-    def __init__(self, setup: RunSetup, recorder: RunRecorder, progress: ProgressFn | None = None) -> None:
+    def __init__(self, setup: RunSetup, recorder: RunRecorder, progress: ProgressFn | None = None,
+                 strategy: Strategy | None = None) -> None:
         self.setup = setup
         self.cfg: Config = setup.cfg
+        self.strategy = strategy or Strategy.from_config(setup.cfg, setup.engine.layout)
         self.recorder = recorder
         self.progress = progress
         self.env = simpy.Environment()
@@ -57,22 +57,20 @@ class SimBackend(SimGroups, SimMembership):
         self.stragglers = StragglerModel(self.cfg.cluster.stragglers, n, self.cfg.run.seed)
         self.stats = [WorkerStats(id=w, group=0, speed=self.speeds[w]) for w in range(n)]
         self.departed: set[int] = set()  # workers that left (cluster.membership)
-        self.gssp = gssp_from_config(self.cfg.sync, n) if self.cfg.sync.scheme == "gssp" else None
-        sync = self.cfg.sync
-        policy = self.gssp.policy(0) if self.gssp else make_policy(sync.scheme, range(n), sync.staleness, sync.local_steps)
+        self.gssp = self.strategy.coordinator(n)
+        policy = self.gssp.policy(0) if self.gssp else self.strategy.policy(range(n))
         self.slices = [slice(s.offset, s.offset + s.numel) for s in setup.engine.layout]
         self.lr = self.cfg.optimizer.lr
-        self.server_opt = server_optimizer(self.cfg.compression, self.cfg.optimizer)
+        self.server_opt = self.strategy.server_optimizer
         self.servers = [self._make_server(policy, self._initial_replica(), self._new_schedule())]
-        self.codecs = self._make_codecs()
+        self.codecs = self._make_codecs(self.strategy.codec)
         self.locals = self._make_local_models()
-        self.delta_codecs = self._make_codecs(salt=DELTA_SALT) if self.locals else []
+        self.delta_codecs = self._make_codecs(self.strategy.delta_codec) if self.locals else []
         self.exchange_codecs: list[GradientCodec] = []
         self.force_pull: set[int] = set()
         plan = setup.aggregation
         self._switch_links = {s: SharedLink(self.env, bps) for s, bps in plan.switch_bps.items()} if plan else {}
         self._switch_streams: dict[tuple[str, int], list[Any]] = {}
-        self.schedule = GDTopKSchedule.from_config(self.cfg.compression.gdtopk)
         # all-reduce groups (BSP, GSSP): a worker's push is its part of its group's ring all-reduce (no server)
         self.allreduce = self.cfg.sync.intra_group == "allreduce"
         self.exchanges = 0
@@ -86,22 +84,21 @@ class SimBackend(SimGroups, SimMembership):
         if not self.setup.train_mode:
             return None
         params, buffers = self.setup.engine.initial_state()
-        return Replica(params, buffers, self.server_opt, track_own=self.gssp is not None, outer=outer_step(self.cfg))
+        return Replica(params, buffers, self.server_opt, track_own=self.gssp is not None, outer=self.strategy.outer_step)
 
-    def _new_schedule(self) -> SimilaritySchedule | PeriodicSchedule | None:
-        return aggregation_schedule(self.cfg, self.setup.engine.layout)
+    def _new_schedule(self) -> AggregationSchedule | None:
+        return self.strategy.aggregation_schedule()
 
     def _make_local_models(self) -> list[LocalModel]:
         """SIM, local SGD, DiLoCo: every worker's own model copy, for the tensors it steps locally."""
-        if not uses_local_models(self.cfg) or not self.setup.train_mode:
+        if not self.strategy.local_models or not self.setup.train_mode:
             return []
         params, buffers = self.setup.engine.initial_state()
         return [LocalModel(params, buffers, self.cfg.optimizer, self.setup.engine.layout) for _ in self.stats]
 
-    def _make_codecs(self, salt: int = 0) -> list[GradientCodec]:
-        opt = self.cfg.optimizer if salt == 0 else None  # gradients (not SIM's local changes) get DGC's momentum
-        codecs = [worker_codec(self.cfg.compression, self.cfg.run.seed, w, self.setup.engine.layout, salt, opt)
-                  for w in range(len(self.stats))]
+    def _make_codecs(self, make: Callable[[int], GradientCodec | None]) -> list[GradientCodec]:
+        """Every worker's codec from the strategy (empty without a compressor)."""
+        codecs = [make(w) for w in range(len(self.stats))]
         return [c for c in codecs if c is not None]
 
     def epoch(self) -> float:
@@ -109,23 +106,15 @@ class SimBackend(SimGroups, SimMembership):
         return self.setup.epochs(self.recorder.iterations)
 
     def density(self, worker: int) -> float:
-        """Upload density of ``worker`` now: fixed for topk, scheduled per group for gdtopk."""
-        if self.cfg.compression.method != "gdtopk":
-            return self.cfg.compression.density
-        if self.gssp is None or not self.gssp.grouped:
-            return self.schedule.group_density(self.epoch(), [], [])
-        return self.group_density(self.gssp.server_of[worker])
+        """Upload density of ``worker`` now (the strategy's rule: fixed, or its group's GDTopK schedule)."""
+        return self.strategy.density(self.epoch(), worker, self.gssp)
 
     def group_density(self, server: int) -> float:
         """GDTopK: the scheduled density of a group (endpoints: the fastest and slowest group)."""
-        if self.cfg.compression.method != "gdtopk":
-            return self.cfg.compression.density
-        assert self.gssp is not None
-        groups = self.gssp.groups
-        return self.schedule.group_density(self.epoch(), self.gssp.profiler.times(), groups[server], groups)
+        return self.strategy.group_density(self.epoch(), server, self.gssp)
 
     def _make_server(self, policy: SyncPolicy, replica: Replica | None,
-                     schedule: SimilaritySchedule | None = None) -> SimServer:
+                     schedule: AggregationSchedule | None = None) -> SimServer:
         return SimServer(self.env, policy, replica, self.weight(), self.profile.server_bps,
                          schedule, self.slices)
 
@@ -228,7 +217,7 @@ class SimBackend(SimGroups, SimMembership):
         buffer_values = self._buffer_values(server.schedule, fresh)
         return Pulled(self.locals[w].params, buffers, 4 * (values + buffer_values), fresh, plan, clock)
 
-    def _buffer_values(self, schedule: SimilaritySchedule | PeriodicSchedule, moved: tuple[bool, ...]) -> int:
+    def _buffer_values(self, schedule: AggregationSchedule, moved: tuple[bool, ...]) -> int:
         """Batch-norm values a SIM transfer carries: every time, or (local SGD) only with a sync."""
         return 0 if schedule.periodic and not any(moved) else self.setup.num_buffer_values
 

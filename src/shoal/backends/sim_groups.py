@@ -16,7 +16,6 @@ from typing import Any
 import simpy
 
 from shoal.backends.sim_server import SimServer
-from shoal.compress.codec import exchange_codec
 from shoal.sync.gssp import Move
 
 
@@ -64,8 +63,7 @@ class SimGroups:
             if server.replica is not None:
                 server.replica.set_lr(self.lr)
         self._share_updates()
-        self.exchange_codecs = [codec for g in range(len(groups)) if (codec := exchange_codec(
-            self.cfg.compression, self.cfg.run.seed, g, self.setup.engine.layout)) is not None]
+        self.exchange_codecs = [codec for g in range(len(groups)) if (codec := self.strategy.exchange_codec(g)) is not None]
         self.force_pull.update(range(len(self.stats)))
         for g, members in enumerate(groups):
             for w in members:

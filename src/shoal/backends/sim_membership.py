@@ -17,7 +17,6 @@ from collections.abc import Iterator
 import simpy
 
 from shoal.backends.local_model import LocalModel
-from shoal.compress.codec import DELTA_SALT, worker_codec
 from shoal.data import BatchStream
 from shoal.engine.metrics import WorkerStats
 
@@ -50,14 +49,13 @@ class SimMembership:
             source = self.setup.streams[w % self.profile.workers]
             self.setup.streams.append(BatchStream(self.setup.dataset, source.shard, self.cfg.data.batch_size,
                                                   self.cfg.run.seed, w))
-        layout, opt = self.setup.engine.layout, self.cfg.optimizer
         if self.codecs:
-            self.codecs.append(worker_codec(self.cfg.compression, self.cfg.run.seed, w, layout, 0, opt))
+            self.codecs.append(self.strategy.codec(w))
         if self.delta_codecs:
-            self.delta_codecs.append(worker_codec(self.cfg.compression, self.cfg.run.seed, w, layout, DELTA_SALT, None))
+            self.delta_codecs.append(self.strategy.delta_codec(w))
         if self.locals:
             params, buffers = self.setup.engine.initial_state()
-            self.locals.append(LocalModel(params, buffers, opt, layout))
+            self.locals.append(LocalModel(params, buffers, self.cfg.optimizer, self.setup.engine.layout))
         group = self.gssp.join(w) if self.gssp is not None else 0
         if self.gssp is None:
             self.servers[0].policy.add(w)

@@ -1,14 +1,18 @@
-"""What every command shares: turning bad input into exit code 2."""
+"""What every command shares: bad input as exit code 2, and how tables print numbers."""
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from shoal.config import ConfigError
+if TYPE_CHECKING:
+    from rich.console import Console
+
+from shoal.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -25,3 +29,18 @@ def user_errors_exit_2(func: F) -> F:
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def fmt_number(x: float | None, digits: int = 2) -> str:
+    """A table cell: ``-`` for a missing value or NaN, ``inf`` for infinity."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return "inf" if math.isinf(x) else f"{x:.{digits}f}"
+
+
+def table_console() -> "Console":
+    """The terminal, or a 200-column console when output is piped or logged (one line per row, whatever the width)."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 200))

@@ -21,9 +21,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from shoal.commands.common import user_errors_exit_2
-from shoal.config import Config, ConfigError, load_config, toml_value
+from shoal.config import Config, load_config, toml_value
+from shoal.errors import ConfigError
 from shoal.report.rows import add_speedups, seeds_row, single_row, tuning_entry
-from shoal.report.schemes import BASES, MODIFIERS, Scheme, parse_schemes
+from shoal.report.schemes import Scheme, bases, modifiers, parse_schemes
 from shoal.report.tuning import choose, grid_points, parse_tune, point_label
 
 console = Console(stderr=True)
@@ -46,8 +47,10 @@ class PlannedRun:
     pinned: tuple[tuple[str, str], ...] = ()  # values the scheme spec pins after "@"
 
 
-SCHEMES_HELP = (f"Comma-separated specs base[+modifier...][@section.key=value...]: base {'|'.join(BASES)}, "
-                f"modifiers {'|'.join(MODIFIERS)}; @ pins a value (kept out of --tune).")
+# the compressors' names would import torch with the CLI; the modifiers are named by kind here
+SCHEMES_HELP = (f"Comma-separated specs base[+modifier...][@section.key=value...]: base {'|'.join(bases())}; "
+                "modifiers sim, any compression.method (topk, powersgd, ...), ina or ina-<network.algorithm>; "
+                "@ pins a value (kept out of --tune).")
 TUNE_HELP = ("Tune KEY over the values for every scheme, e.g. optimizer.lr=0.01,0.02,0.05 (repeatable: the grid is "
              "every combination); each scheme keeps its best median time to target.")
 

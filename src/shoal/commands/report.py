@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from shoal.commands.common import user_errors_exit_2
-from shoal.config import ConfigError
+from shoal.errors import ConfigError
 
 
 @user_errors_exit_2

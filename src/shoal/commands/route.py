@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from shoal.commands.common import user_errors_exit_2
-from shoal.config import ConfigError
+from shoal.commands.common import fmt_number, table_console, user_errors_exit_2
+from shoal.errors import ConfigError
 
 if TYPE_CHECKING:  # the network package (numpy, scipy, highspy) loads only when the command runs
     from rich.console import Console
@@ -174,24 +174,10 @@ def _cells(r: Result) -> list[str]:
     if ev is None or r.plan is None:
         return ["time limit", "-", "-", "-", "-", "-", "-", "-", "no plan", f"{r.solve_s:.3f}"]
     worst = max((v.factor for v in ev.violations), default=None)
-    viol = "0" if not ev.violations else f"{len(ev.violations)} (worst x{_fmt(worst)})"
-    return [_fmt(ev.min_rate_gbps, 3), _fmt(r.bound_gbps), _fmt(r.plan.claimed_rate_gbps), str(ev.ps_streams),
-            str(len(ev.switch_workers)), _fmt(ev.max_switch_utilisation), _fmt(ev.max_link_utilisation), viol,
+    viol = "0" if not ev.violations else f"{len(ev.violations)} (worst x{fmt_number(worst)})"
+    return [fmt_number(ev.min_rate_gbps, 3), fmt_number(r.bound_gbps), fmt_number(r.plan.claimed_rate_gbps), str(ev.ps_streams),
+            str(len(ev.switch_workers)), fmt_number(ev.max_switch_utilisation), fmt_number(ev.max_link_utilisation), viol,
             ev.bottleneck, f"{r.solve_s:.3f}"]
-
-
-def _fmt(x: float | None, digits: int = 2) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return "inf" if math.isinf(x) else f"{x:.{digits}f}"
-
-
-def table_console() -> Console:
-    """The terminal, or a 200-column console when output is piped or logged (one line per row, whatever the width)."""
-    from rich.console import Console
-
-    console = Console()
-    return console if console.is_terminal else Console(width=max(console.width, 200))
 
 
 WIDE_TABLE_COLUMNS = 135  # below this many terminal columns the table is printed with algorithms as columns

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.table import Table
 
-from shoal.commands.route import _fmt, table_console
+from shoal.commands.common import fmt_number, table_console
 from shoal.network.algorithms import _clean
 
 if TYPE_CHECKING:
@@ -62,8 +62,8 @@ def run_sharded(inst: Instance, servers: list[str], algos: list[str], seed: int,
             rows.append([algo, "time limit", "-", "-", "-", "-", "-"])
             continue
         worst = max((v.factor for v in r.evaluation.violations), default=None)
-        rows.append([algo, _fmt(r.min_rate_gbps, 3), _fmt(r.stream_rate_gbps, 3), _fmt(r.bound_gbps), r.evaluation.bottleneck,
-                     "0" if worst is None else f"{len(r.evaluation.violations)} (worst x{_fmt(worst)})", f"{r.solve_s:.3f}"])
+        rows.append([algo, fmt_number(r.min_rate_gbps, 3), fmt_number(r.stream_rate_gbps, 3), fmt_number(r.bound_gbps), r.evaluation.bottleneck,
+                     "0" if worst is None else f"{len(r.evaluation.violations)} (worst x{fmt_number(worst)})", f"{r.solve_s:.3f}"])
     footer = (f"{len(servers)} PSs ({', '.join(servers)}), the model in {len(servers)} equal shards: a worker sends one stream per shard, "
               "so its gradient rate (min rate) is PS count x stream rate. grid plans the shards together; the others plan each shard alone.")
     if one_ps is not None and one_ps.evaluation is not None:
@@ -92,7 +92,7 @@ def run_jobs(graph: nx.Graph, jobs: list[Job], seed: int, time_limit: float, as_
                               "violations": len(solo.violations), "common_slowdown": solo.scale}}
         typer.echo(json.dumps(_clean(out), indent=2))
         return
-    rows = [[name, p.inst.ps, str(len(p.inst.workers)), _fmt(p.rate_gbps, 3), _fmt(solo_p.rate_gbps, 3), str(p.slots)]
+    rows = [[name, p.inst.ps, str(len(p.inst.workers)), fmt_number(p.rate_gbps, 3), fmt_number(solo_p.rate_gbps, 3), str(p.slots)]
             for name, p, solo_p in zip(joint.names, joint.parts, solo_parts)]
     ev = joint.evaluation
     footer = (f"joint (max-min fair): every job reaches {joint.common_rate_gbps:.3f} Gbps at once, then each is raised as far as the others allow; "
@@ -120,7 +120,7 @@ def run_failure(inst: Instance, specs: list[str], seed: int, time_limit: float, 
     failure = parse_failures(inst.graph, specs)
     before = solve(inst, "grid", seed, time_limit_s=time_limit)
     if before.plan is None or before.evaluation is None:
-        from shoal.config import ConfigError
+        from shoal.errors import ConfigError
 
         raise ConfigError("--fail: grid found no plan within the time limit, so there is nothing to repair")
     repaired = replan(inst, before.plan, failure, Deadline(time_limit))  # its time includes applying the failure
@@ -140,10 +140,10 @@ def run_failure(inst: Instance, specs: list[str], seed: int, time_limit: float, 
                "speedup": full_s / repaired.solve_s if repaired.solve_s > 0 else None}
         typer.echo(json.dumps(_clean(out), indent=2))
         return
-    rows = [["before the failure", _fmt(before.evaluation.min_rate_gbps, 3), "-", f"{before.solve_s:.3f}"],
-            ["same plan after it", _fmt(as_is.min_rate_gbps, 3), "-", "-"],
-            ["incremental re-plan", _fmt(repaired.evaluation.min_rate_gbps, 3), str(len(repaired.affected)), f"{repaired.solve_s:.3f}"],
-            ["full re-solve", _fmt(full_rate, 3), str(len(inst.workers)), f"{full_s:.3f}"]]
+    rows = [["before the failure", fmt_number(before.evaluation.min_rate_gbps, 3), "-", f"{before.solve_s:.3f}"],
+            ["same plan after it", fmt_number(as_is.min_rate_gbps, 3), "-", "-"],
+            ["incremental re-plan", fmt_number(repaired.evaluation.min_rate_gbps, 3), str(len(repaired.affected)), f"{repaired.solve_s:.3f}"],
+            ["full re-solve", fmt_number(full_rate, 3), str(len(inst.workers)), f"{full_s:.3f}"]]
     what = ", ".join([f"{u}-{v}" for u, v in failure.links] + list(failure.switches))
     _table(f"grid after {what} failed: {len(inst.workers)} workers", ["plan", "min rate Gbps", "re-planned workers", "solve s"], rows,
            f"The re-plan keeps every stream the failure did not cut ({repaired.notes.get('method')}); "

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from shoal.commands.common import user_errors_exit_2
-from shoal.config import ConfigError
+from shoal.errors import ConfigError
 
 RUN_HELP = "A run folder (`shoal train --out`, or a scheme's folder of a comparison)."
 

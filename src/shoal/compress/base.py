@@ -28,6 +28,17 @@ class Compressor(ABC):
     name: str = "base"
     #: whether E[decompress(compress(x))] == x (then error feedback is optional)
     unbiased: bool = True
+    #: whether a per-group schedule sets ``density`` (GDTopK) instead of ``compression.density``
+    scheduled: bool = False
+
+    @classmethod
+    def from_config(cls, compression: Any, seed: int) -> "Compressor":
+        """One worker's instance from the ``[compression]`` section; ``seed`` is that worker's own.
+
+        The default takes no arguments; a compressor with randomness or
+        options of its own overrides this.
+        """
+        return cls()
 
     @abstractmethod
     def compress(self, tensor: torch.Tensor, density: float) -> Payload:

@@ -8,27 +8,15 @@ import torch
 
 from shoal.compress.base import Compressor, Memory, MomentumMemory, NoMemory, ResidualMemory
 from shoal.config import CompressionConfig, OptimizerConfig
-from shoal.compress.lowrank import PowerSGD
-from shoal.compress.quantize import FP16, QSGD
-from shoal.compress.sparsify import DGC, RandK, TopK
 from shoal.engine.gradients import TensorSlot
-
-COMPRESSORS: dict[str, type[Compressor]] = {
-    "topk": TopK, "gdtopk": TopK, "fp16": FP16, "randk": RandK, "dgc": DGC, "qsgd": QSGD, "powersgd": PowerSGD,
-}
-
-
-SEEDED = ("randk", "dgc", "qsgd", "powersgd")
+from shoal.registry import COMPRESSORS
 
 
 def make_compressor(method: str, seed: int = 0, rank: int = 4) -> Compressor | None:
-    """The compressor of a ``[compression] method`` (None for "none"); random ones take ``seed``."""
+    """The compressor registered as ``method`` (None for "none"), with ``seed`` for random ones."""
     if method == "none":
         return None
-    cls = COMPRESSORS[method]
-    if method == "powersgd":
-        return PowerSGD(rank=rank, seed=seed)
-    return cls(seed=seed) if method in SEEDED else cls()
+    return COMPRESSORS[method].from_config(CompressionConfig(rank=rank), seed)
 
 
 class GradientCodec:
@@ -90,10 +78,9 @@ def worker_codec(compression: CompressionConfig, seed: int, worker: int, layout:
     Given the optimizer of a gradient codec, DGC also gets its momentum
     correction (``momentum_corrected``).
     """
-    compressor = make_compressor(compression.method, seed=(seed * 1_000_003 + worker + salt) % 2**31,
-                                 rank=compression.rank)
-    if compressor is None:
+    if compression.method == "none":
         return None
+    compressor = COMPRESSORS[compression.method].from_config(compression, (seed * 1_000_003 + worker + salt) % 2**31)
     memory = MomentumMemory(opt.momentum) if opt is not None and momentum_corrected(compression, opt) else None
     return GradientCodec(compressor, layout, compression.error_feedback and not compressor.unbiased, memory)
 

@@ -15,7 +15,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shoal.compress.sparsify import TopK
 from shoal.config import GDTopKConfig
+from shoal.registry import COMPRESSORS
+
+
+@COMPRESSORS.register("gdtopk", "GSSP's grouping dynamic top-k: a density per group that shrinks over a warm-up")
+class GDTopK(TopK):
+    """Top-k whose density the per-group ``GDTopKSchedule`` sets (``scheduled``)."""
+
+    name = "gdtopk"
+    scheduled = True
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,15 @@ rank, the warm start and the error feedback are the paper's.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 from shoal.compress.base import Compressor, Payload
+from shoal.registry import COMPRESSORS
 
 
+@COMPRESSORS.register("powersgd", "PowerSGD: warm-started rank-r factors of each matrix (compression.rank)")
 class PowerSGD(Compressor):
     """Rank-``rank`` approximation with a warm-started power iteration, per named tensor."""
 
@@ -34,6 +37,10 @@ class PowerSGD(Compressor):
         self.rank = rank
         self.generator = torch.Generator().manual_seed(seed)
         self.q: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def from_config(cls, compression: Any, seed: int) -> "PowerSGD":
+        return cls(rank=compression.rank, seed=seed)
 
     @staticmethod
     def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:

@@ -7,10 +7,12 @@ import math
 import torch
 
 from shoal.compress.base import Compressor, Payload
+from shoal.registry import COMPRESSORS
 
 FP16_MAX = float(torch.finfo(torch.float16).max)
 
 
+@COMPRESSORS.register("fp16", "every value as float16 (2 bytes)")
 class FP16(Compressor):
     """Every value as float16: ``nbytes = 2 * numel``; ``density`` is ignored.
 
@@ -62,6 +64,7 @@ def unpack_bits(packed: torch.Tensor, count: int, bits: int) -> torch.Tensor:
     return (stream.view(count, bits).to(torch.int64) * weights).sum(dim=1)
 
 
+@COMPRESSORS.register("qsgd", "QSGD: stochastic rounding to 127 levels per 512-value bucket, unbiased")
 class QSGD(Compressor):
     """QSGD (Alistarh et al., NeurIPS 2017): stochastic rounding to ``levels`` levels per bucket norm.
 

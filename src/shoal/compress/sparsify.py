@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 from shoal.compress.base import Compressor, Payload
+from shoal.registry import COMPRESSORS
 
 
 def keep_count(numel: int, density: float) -> int:
@@ -20,6 +22,7 @@ def scatter(values: torch.Tensor, indices: torch.Tensor, shape: torch.Size) -> t
     return dense.view(shape)
 
 
+@COMPRESSORS.register("topk", "top-k: the largest magnitudes (values + indices), error feedback")
 class TopK(Compressor):
     """Values (float32) and indices (int32) of the k largest magnitudes."""
 
@@ -68,6 +71,7 @@ def random_indices(numel: int, k: int, seed: int) -> torch.Tensor:
     return distinct
 
 
+@COMPRESSORS.register("randk", "random-k, scaled to stay unbiased")
 class RandK(Compressor):
     """k uniformly random values (float32) plus the 4-byte seed that names their positions.
 
@@ -90,6 +94,10 @@ class RandK(Compressor):
         self.scale = scale
         self.unbiased = scale
 
+    @classmethod
+    def from_config(cls, compression: Any, seed: int) -> "RandK":
+        return cls(seed=seed)
+
     def compress(self, tensor: torch.Tensor, density: float) -> Payload:
         flat = tensor.reshape(-1)
         k = keep_count(flat.numel(), density)
@@ -109,6 +117,7 @@ class RandK(Compressor):
         return 4 * keep_count(numel, density) + 4
 
 
+@COMPRESSORS.register("dgc", "deep gradient compression: sampled top-k threshold, momentum correction")
 class DGC(TopK):
     """Deep Gradient Compression's top-k by a sampled threshold (Lin et al., ICLR 2018).
 
@@ -140,6 +149,10 @@ class DGC(TopK):
         self.min_samples = min_samples
         self.min_top = min_top
         self.overshoot = overshoot
+
+    @classmethod
+    def from_config(cls, compression: Any, seed: int) -> "DGC":
+        return cls(seed=seed)
 
     def num_samples(self, numel: int, density: float) -> int:
         wanted = max(math.ceil(self.sample_ratio * numel), self.min_samples, math.ceil(self.min_top / density))

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from shoal.config import ConfigError
+from shoal.errors import ConfigError
 
 CIFAR_CLASSES = 10
 

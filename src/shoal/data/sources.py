@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shoal.config import ConfigError
+from shoal.errors import ConfigError
 from shoal.data.formats import Raw, load_cifar10, load_idx, load_npz
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081

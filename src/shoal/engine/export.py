@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from shoal.config import Config, ConfigError
+from shoal.config import Config
+from shoal.errors import ConfigError
 from shoal.engine.setup import RunSetup
 
 MODEL_FILE = "model.safetensors"

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from shoal.errors import InternalError  # noqa: F401 - re-exported: older code imports it from here
+
 
 @dataclass
 class WorkerStats:
@@ -121,10 +123,6 @@ def dumps(data: Any, indent: int | None = None) -> str:
 def diverged(*values: float | None) -> bool:
     """A loss that is NaN or infinite: the run cannot recover, so it stops with ``stop_reason = "diverged"``."""
     return any(v is not None and not math.isfinite(v) for v in values)
-
-
-class InternalError(RuntimeError):
-    """A run stopped on a bug; its summary.json and metrics.jsonl (with the traceback) were written first."""
 
 
 def internal_error(recorder: "RunRecorder", t: float, err: BaseException) -> str:

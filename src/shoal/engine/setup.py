@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from shoal.cluster import ClusterProfile, build_profile
-from shoal.config import Config, ConfigError
+from shoal.config import Config
+from shoal.errors import ConfigError
 from shoal.data import BatchStream, Dataset, class_histograms, load_dataset, partition_indices
 from shoal.engine.gradients import GradientEngine
 from shoal.engine.task import Task

@@ -17,7 +17,8 @@ from typing import NamedTuple
 import torch
 from torch.nn import functional as F
 
-from shoal.config import ConfigError, TaskConfig
+from shoal.config import TaskConfig
+from shoal.errors import ConfigError
 from shoal.plugins import is_plugin, load_function
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from shoal.config import ConfigError
+from shoal.errors import ConfigError
 
 INSTALL = "pip install 'shoal[tensorboard]' (tensorboardX)"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from shoal.config import ConfigError
+from shoal.errors import ConfigError
 from shoal.models.lenet import lenet5
 from shoal.models.mlp import mlp
 from shoal.models.resnet import resnet18

@@ -21,7 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-from shoal.config import ConfigError
+from shoal.errors import ConfigError
 from shoal.network.topology import hosts, set_link_bandwidth, switches, top_of_rack
 
 

@@ -28,7 +28,7 @@ from typing import Annotated
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shoal.config import ConfigError
+from shoal.errors import ConfigError
 from shoal.network.instance import Instance, reachable_hosts, rng_for
 from shoal.network.joint import Job
 from shoal.network.topology import _pydantic_line, hosts, switches

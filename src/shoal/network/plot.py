@@ -23,7 +23,7 @@ from matplotlib.colors import LinearSegmentedColormap, Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from shoal.config import ConfigError
+from shoal.errors import ConfigError
 from shoal.network.algorithms import Result
 from shoal.network.evaluator import Evaluation
 from shoal.network.instance import Instance

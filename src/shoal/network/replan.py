@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from shoal.config import ConfigError
+from shoal.errors import ConfigError
 from shoal.network.algorithms.budget import NO_LIMIT, Deadline
 from shoal.network.algorithms.grid import FlowNet, highest_fit, lift_rooted, plan_grid, rate_candidates, rooted_model, try_rate
 from shoal.network.evaluator import Evaluation, Plan, complete_paths, evaluate

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shoal.config import ConfigError
+from shoal.errors import ConfigError
 
 DEFAULT_LINK_GBPS = 100.0
 MAX_SWITCHES = 20_000  # generated topologies beyond these sizes are refused (a k = 126 fat-tree has 19,845 switches)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shoal.config import Config, ConfigError
+from shoal.config import Config
+from shoal.errors import ConfigError
 from shoal.network.algorithms import Result, solve
 from shoal.network.instance import Instance, build_instance
 from shoal.network.topology import parse_topology_spec

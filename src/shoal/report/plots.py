@@ -25,6 +25,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import PercentFormatter  # noqa: E402
 
 from shoal.report.runs import segments  # noqa: E402
+from shoal.registry import SCHEMES  # noqa: E402
 from shoal.report.units import fmt_seconds, human_bytes  # noqa: E402
 
 SCHEME_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]
@@ -34,24 +35,21 @@ DPI = 110
 MAX_TIMELINE_WORKERS = 32
 
 
-#: the same base scheme has the same colour in every report; modifiers change the line style, so a scheme and
-#: its variant (bsp, bsp+ina-grid) stay apart even where their curves coincide
-BASE_COLORS = {"bsp": "#1f77b4", "gssp": "#d62728", "ssp": "#2ca02c", "localsgd": "#9467bd", "asp": "#ff7f0e",
-               "diloco": "#8c564b"}
 MODIFIER_STYLES = ["-", "--", ":", "-."]
 
 
 def scheme_style(name: str) -> tuple[str, str]:
     """(colour, line style) of a scheme spec, by name alone: ``base[+modifier...][@pins]``.
 
-    Known bases keep their colour everywhere; an unknown one gets a colour
+    Registered bases keep their colour everywhere (``SchemeSpec.color``); an unknown one gets a colour
     from a stable hash of its name. Each modifier combination gets its own
     line style (dashed for the first kind, dotted, dash-dot), so curves that
     coincide remain distinguishable.
     """
     base, _, rest = name.partition("+")
     base = base.split("@")[0]
-    color = BASE_COLORS.get(base) or SCHEME_COLORS[zlib.crc32(base.encode()) % len(SCHEME_COLORS)]
+    spec = SCHEMES.get(base)  # the same base scheme has the same colour in every report, its registered one
+    color = (spec.color if spec is not None else None) or SCHEME_COLORS[zlib.crc32(base.encode()) % len(SCHEME_COLORS)]
     modifiers = rest.split("@")[0]
     style = MODIFIER_STYLES[0] if not modifiers else MODIFIER_STYLES[1 + zlib.crc32(modifiers.encode()) % 3]
     return color, style

@@ -14,7 +14,8 @@ from shoal.report.runs import RunData
 def draw_plan(run: RunData, path: Path) -> Path | None:
     """The run's plan on its topology, as `shoal route --plot` draws it, into ``path`` (PNG and SVG);
     None if the run's config cannot be planned again (moved plug-ins, a hand-edited file)."""
-    from shoal.config import ConfigError, load_config
+    from shoal.config import load_config
+    from shoal.errors import ConfigError
 
     try:
         from shoal.network.plot import plan_figure

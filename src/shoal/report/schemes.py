@@ -3,36 +3,31 @@
 A spec names a synchronisation scheme and what is layered on it, e.g.
 ``gssp+gdtopk`` or ``bsp+ina-atp`` (in-network aggregation along the atp
 plan), and may pin config values after ``@`` (``bsp@optimizer.lr=0.02``),
-which also keeps those keys out of ``--tune`` for that scheme. The tables
-below are the whole vocabulary, so adding a feature to the comparison is one
-line here.
+which also keeps those keys out of ``--tune`` for that scheme. The
+vocabulary is read from the registries (shoal.registry), so a newly
+registered scheme, compressor or planner is comparable with no line here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shoal.config import ConfigError
+from shoal.errors import ConfigError
+from shoal.registry import COMPRESSORS, PLANNERS, SCHEMES
 
-BASES: dict[str, tuple[str, ...]] = {
-    "bsp": ("sync.scheme=bsp",),
-    "asp": ("sync.scheme=asp",),
-    "ssp": ("sync.scheme=ssp",),
-    "gssp": ("sync.scheme=gssp",),
-    "localsgd": ("sync.scheme=localsgd",),
-    "diloco": ("sync.scheme=diloco",),
-}
+def bases() -> dict[str, tuple[str, ...]]:
+    """Every registered scheme as a base, with the override that selects it."""
+    return {name: (f"sync.scheme={name}",) for name in SCHEMES}
 
-COMPRESSORS = ("fp16", "topk", "randk", "dgc", "qsgd", "gdtopk", "powersgd")
 
-PLANNERS = ("grid", "rgria", "exact", "geryon", "atp", "switchml")
-
-MODIFIERS: dict[str, tuple[str, ...]] = {
-    "sim": ("compression.similarity.enabled=true",),
-    **{name: (f"compression.method={name}",) for name in COMPRESSORS},
-    "ina": ("network.aggregation=ina",),
-    **{f"ina-{algo}": ("network.aggregation=ina", f"network.algorithm={algo}") for algo in PLANNERS},
-}
+def modifiers() -> dict[str, tuple[str, ...]]:
+    """``sim``, every registered compressor, ``ina`` and ``ina-<planner>`` for every registered planner."""
+    return {
+        "sim": ("compression.similarity.enabled=true",),
+        **{name: (f"compression.method={name}",) for name in COMPRESSORS},
+        "ina": ("network.aggregation=ina",),
+        **{f"ina-{algo}": ("network.aggregation=ina", f"network.algorithm={algo}") for algo in PLANNERS},
+    }
 
 
 @dataclass(frozen=True)
@@ -52,21 +47,22 @@ def parse_scheme(spec: str) -> Scheme:
     name = "@".join([body, *pins])
     pinned = tuple(_pin(p, spec) for p in pins)
     base, *mods = body.split("+")
-    if base not in BASES:
-        raise ConfigError(f"--schemes: unknown scheme {base!r} in {spec!r}; choose from {', '.join(BASES)}")
-    overrides = list(BASES[base])
+    known_bases, known_mods = bases(), modifiers()
+    if base not in known_bases:
+        raise ConfigError(f"--schemes: unknown scheme {base!r} in {spec!r}; choose from {', '.join(known_bases)}")
+    overrides = list(known_bases[base])
     keys: dict[str, str] = {}
     for mod in mods:
-        if mod not in MODIFIERS:
-            raise ConfigError(f"--schemes: unknown modifier {mod!r} in {spec!r}; choose from {', '.join(MODIFIERS)}")
-        for override in MODIFIERS[mod]:
+        if mod not in known_mods:
+            raise ConfigError(f"--schemes: unknown modifier {mod!r} in {spec!r}; choose from {', '.join(known_mods)}")
+        for override in known_mods[mod]:
             key = override.partition("=")[0]
             if key in keys:
                 raise ConfigError(f"--schemes: {keys[key]!r} and {mod!r} in {spec!r} both set {key}")
             keys[key] = mod
-        overrides.extend(MODIFIERS[mod])
+        overrides.extend(known_mods[mod])
     for key, value in pinned:
-        if key in keys or any(o.startswith(f"{key}=") for o in BASES[base]):
+        if key in keys or any(o.startswith(f"{key}=") for o in known_bases[base]):
             raise ConfigError(f"--schemes: {spec!r} pins {key}, which the scheme itself sets")
         keys[key] = "@"
         overrides.append(f"{key}={value}")

@@ -17,7 +17,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from shoal.config import ConfigError, parse_override
+from shoal.config import parse_override
+from shoal.errors import ConfigError
 
 BOOTSTRAP_FROM = 5  # seeds needed before a bootstrap interval means anything
 BOOTSTRAP_SAMPLES = 2000

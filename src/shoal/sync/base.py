@@ -1,10 +1,14 @@
-"""The sync-policy protocol and the clock bookkeeping every policy shares."""
+"""The sync-policy protocol, the clock bookkeeping every policy shares, and what a scheme registers."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shoal.registry import SCHEMES
 
 
 class SyncPolicy(ABC):
@@ -124,3 +128,43 @@ class SyncPolicy(ABC):
         while self._at_clock[self._min] == 0:
             del self._at_clock[self._min]
             self._min += 1
+
+
+@dataclass(frozen=True)
+class SchemeSpec:
+    """What a synchronisation scheme registers (``sync.scheme``): how to build it and what it needs.
+
+    ``policy(workers, sync)`` builds one server's policy from the ``[sync]``
+    section; a grouped scheme (GSSP) instead gives ``coordinator(workers,
+    sync)``, the pure object that forms groups and builds each group's
+    policy. The flags are what config validation and the backends ask
+    instead of comparing names.
+    """
+
+    name: str
+    policy: Callable[[Sequence[int], Any], SyncPolicy] | None = None
+    coordinator: Callable[[int, Any], Any] | None = None
+    #: workers step their own model copies and average every ``sync.local_steps`` (local SGD, DiLoCo)
+    local_models: bool = False
+    #: the server takes an outer Nesterov step on the mean change (DiLoCo)
+    outer: bool = False
+    #: synchronous rounds: may run as all-reduce groups (``sync.intra_group = "allreduce"``)
+    allreduce: bool = False
+    #: one synchronous round over every worker: in-network aggregation may sum it
+    ina: bool = False
+    #: its colour in every report (None: a stable colour from its name)
+    color: str | None = None
+
+
+def register_scheme(spec: SchemeSpec, help: str) -> SchemeSpec:
+    """Add ``spec`` to the scheme registry under its name."""
+    SCHEMES.add(spec.name, spec, help)
+    return spec
+
+
+def build_policy(scheme: str, workers: Iterable[int], sync: Any) -> SyncPolicy:
+    """The policy of a registered, ungrouped scheme for ``workers`` under a ``[sync]`` section."""
+    spec = SCHEMES[scheme]
+    if spec.policy is None:
+        raise ValueError(f"scheme {scheme!r} forms groups: build it through its coordinator")
+    return spec.policy(list(workers), sync)

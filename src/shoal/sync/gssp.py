@@ -34,7 +34,7 @@ import numpy as np
 
 from shoal.cluster.grouping import Groups, IterationProfiler, Regrouper, canonical, choose_groups
 from shoal.config import SyncConfig
-from shoal.sync.base import SyncPolicy
+from shoal.sync.base import SchemeSpec, SyncPolicy, register_scheme
 from shoal.sync.policies import BSP, SSP, PacedSSP
 
 
@@ -90,7 +90,7 @@ class GSSP:
                                    regroup_cooldown_s) if regroup else None
         self.grouped = False
         self.groups: Groups = [list(range(workers))]
-        self.policies: list[SyncPolicy] = [self._group_policy(range(workers))]
+        self.policies: list[SyncPolicy] = [self.group_policy(range(workers))]
         self.server_of: dict[int, int] = {w: 0 for w in range(workers)}
         self.present: set[int] = set(range(workers))  # workers taking part now (joins and leaves change it)
         self.joined: set[int] = set()  # workers that joined after the start
@@ -104,7 +104,7 @@ class GSSP:
     def policy(self, server: int) -> SyncPolicy:
         return self.policies[server]
 
-    def _group_policy(self, members: Sequence[int]) -> SyncPolicy:
+    def group_policy(self, members: Sequence[int]) -> SyncPolicy:
         """A group's own sync: SSP on a group server (paced SSP once grouped, if ``paced``), or BSP for an all-reduce group."""
         if self.allreduce:
             return BSP(members)
@@ -402,7 +402,7 @@ class GSSP:
 
     def _install(self, groups: Groups) -> None:
         self.groups = [sorted(g) for g in groups]
-        self.policies = [self._group_policy(g) for g in self.groups]
+        self.policies = [self.group_policy(g) for g in self.groups]
         self.server_of = {w: s for s, g in enumerate(self.groups) for w in g}
         self._since_exchange = [0] * len(groups)
         self._periods = [self.exchange_every] * len(groups)
@@ -439,3 +439,7 @@ def gssp_from_config(sync: SyncConfig, workers: int) -> GSSP:
         confirm_fraction=sync.confirm_fraction, intra_group=sync.intra_group,
         exchange_clock=sync.exchange_clock, paced=sync.paced, group_momentum=sync.group_momentum,
     )
+
+
+register_scheme(SchemeSpec("gssp", coordinator=lambda workers, sync: gssp_from_config(sync, workers), allreduce=True, color="#d62728"),
+                "grouped SSP: workers of similar speed form groups (SSP inside, asynchronous deltas between)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from shoal.sync.base import SchemeSpec, register_scheme
 from shoal.sync.policies import BSP
 
 
@@ -86,3 +87,11 @@ class PeriodicSchedule:
 
     def state(self) -> dict[str, list]:
         return {}
+
+
+register_scheme(SchemeSpec("localsgd", policy=lambda workers, sync: LocalSGD(workers, sync.local_steps),
+                           local_models=True, color="#9467bd"),
+                "local SGD: workers step their own models and average them every sync.local_steps")
+register_scheme(SchemeSpec("diloco", policy=lambda workers, sync: LocalSGD(workers, sync.local_steps),
+                           local_models=True, outer=True, color="#8c564b"),
+                "DiLoCo: local steps, then an outer Nesterov step on the averaged change")

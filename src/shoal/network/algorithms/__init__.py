@@ -21,18 +21,12 @@ from shoal.network.algorithms.rgria import plan_rgria
 from shoal.network.evaluator import Evaluation, Plan, complete_paths, evaluate
 from shoal.network.instance import Instance
 from shoal.network.routing import Routes
+from shoal.registry import PLANNERS
 
 Planner = Callable[..., tuple[Plan, "float | None", dict[str, object]]]  # (instance, routes, seed, deadline, **options)
 
-ALGORITHMS: dict[str, Planner] = {
-    "grid": plan_grid,
-    "rgria": plan_rgria,
-    "exact": plan_exact,
-    "geryon": plan_geryon,
-    "atp": plan_atp,
-    "atp2": plan_atp_two_level,
-    "switchml": plan_switchml,
-}
+#: every planner by name (the registry, filled by each planner's module)
+ALGORITHMS = PLANNERS
 
 
 @dataclass(frozen=True)

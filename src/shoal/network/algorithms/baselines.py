@@ -31,14 +31,17 @@ from shoal.network.algorithms.budget import NO_LIMIT, Deadline
 from shoal.network.evaluator import Plan
 from shoal.network.instance import Instance
 from shoal.network.routing import Routes
+from shoal.registry import PLANNERS
 
 Planned = tuple[Plan, "float | None", dict[str, object]]
 
 
+@PLANNERS.register("geryon", "Geryon: shortest path to the server, no in-network aggregation")
 def plan_geryon(inst: Instance, routes: Routes, seed: int = 0, deadline: Deadline = NO_LIMIT) -> Planned:
     return Plan({w: inst.ps for w in inst.workers}), None, {}
 
 
+@PLANNERS.register("atp", "ATP: the nearest programmable switch on the default path, capacity shared at the achieved rate")
 def plan_atp(inst: Instance, routes: Routes, seed: int = 0, deadline: Deadline = NO_LIMIT) -> Planned:
     """Nearest programmable switch per worker, capacity shared."""
     nearest = _nearest_sources(routes.graph, inst.programmable)
@@ -76,6 +79,7 @@ def _nearest_sources(g: nx.Graph, sources: Iterable[str]) -> dict[str, frozenset
     return {n: frozenset(s) for n, s in near.items()}
 
 
+@PLANNERS.register("atp2", "ATP in two levels, as ATP itself works: a rack switch, then the next one up")
 def plan_atp_two_level(inst: Instance, routes: Routes, seed: int = 0, deadline: Deadline = NO_LIMIT) -> Planned:
     """The worker's top-of-rack switch, then the PS's, each where programmable; capacity shared."""
     programmable = set(inst.programmable)
@@ -95,6 +99,7 @@ def plan_atp_two_level(inst: Instance, routes: Routes, seed: int = 0, deadline: 
     return Plan(assignment, parents=parents), None, {"second_level": second}
 
 
+@PLANNERS.register("switchml", "SwitchML: aggregate at the top-of-rack switch")
 def plan_switchml(inst: Instance, routes: Routes, seed: int = 0, deadline: Deadline = NO_LIMIT) -> Planned:
     """The worker's top-of-rack switch where programmable, capacity shared."""
     programmable = set(inst.programmable)

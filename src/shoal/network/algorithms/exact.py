@@ -19,6 +19,7 @@ from shoal.network.algorithms.budget import NO_LIMIT, Deadline
 from shoal.network.evaluator import TOL, Plan
 from shoal.network.instance import Instance
 from shoal.network.routing import Routes
+from shoal.registry import PLANNERS
 
 
 MANY = 1 << 40  # "unlimited" stream slots
@@ -93,6 +94,7 @@ def assign_nearest(inst: Instance, routes: Routes, counts: dict[str, int]) -> di
     return assignment
 
 
+@PLANNERS.register("exact", "the integral optimum of the paper's model (binary search on the rate, greedy filling)")
 def plan_exact(inst: Instance, routes: Routes, seed: int = 0, deadline: Deadline = NO_LIMIT) -> tuple[Plan, float | None, dict[str, object]]:
     """The paper-model optimum; it claims that rate (links may make it infeasible: see violations)."""
     sw = list(inst.programmable)

@@ -45,6 +45,7 @@ from shoal.network.algorithms.budget import NO_LIMIT, Deadline, TimeLimit
 from shoal.network.evaluator import Plan, complete_paths, evaluate
 from shoal.network.instance import Instance
 from shoal.network.routing import Routes
+from shoal.registry import PLANNERS
 
 SOURCE, SINK = 0, 1
 T = TypeVar("T")
@@ -447,6 +448,7 @@ _FALLBACKS = (("exact", plan_exact), ("atp", plan_atp), ("atp2", plan_atp_two_le
 THOROUGH_SHARE = 0.25  # of the time limit, per model: the thorough search refines a certified plan, so it gets a bounded share
 
 
+@PLANNERS.register("grid", "shoal's planner: link- and path-aware, never breaks a constraint")
 def plan_grid(inst: Instance, routes: Routes, seed: int = 0, deadline: Deadline = NO_LIMIT,
               two_level: bool = True) -> tuple[Plan, float | None, dict[str, object]]:
     """Best certified plan: the flow search's (one level, or two through the PS's rack), or a baseline's/exact's.

@@ -28,6 +28,7 @@ from shoal.network.algorithms.budget import NO_LIMIT, Deadline, TimeLimit
 from shoal.network.evaluator import Plan
 from shoal.network.instance import Instance, rng_for
 from shoal.network.routing import Routes
+from shoal.registry import PLANNERS
 
 
 def solve_relaxation(n: int, caps: list[float], ps_gbps: float, worker_gbps: float, deadline: Deadline = NO_LIMIT) -> tuple[float, np.ndarray]:
@@ -90,6 +91,7 @@ def round_rates(rates: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.minimum((draws >= cum).sum(axis=1), rates.shape[1] - 1)
 
 
+@PLANNERS.register("rgria", "the paper's R-GRIA: LP relaxation plus randomized rounding, reported honestly")
 def plan_rgria(inst: Instance, routes: Routes, seed: int = 0, deadline: Deadline = NO_LIMIT) -> tuple[Plan, float | None, dict[str, object]]:
     """LP + one randomized rounding (seeded); claims the LP rate, as the paper's analysis does."""
     sw = list(inst.programmable)

@@ -1,0 +1,98 @@
+"""One registry per kind of component, filled where each component is defined.
+
+A scheme, compressor or planner registers itself with a decorator in its own
+module; config validation, CLI help, the generated docs and the report read
+the names from here, so adding one is one file. A registry finds its members
+by importing every module of its home package the first time it is asked
+(the way plug-in systems discover entry points), so this module imports
+nothing of shoal and every layer may read it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    """One registered item: its name, the object, and one line of help."""
+
+    name: str
+    item: T
+    help: str = ""
+
+
+class Registry(Generic[T]):
+    """Names -> items of one kind, discovered from the modules of ``home`` (a package name)."""
+
+    def __init__(self, kind: str, home: str) -> None:
+        self.kind = kind
+        self.home = home
+        self._entries: dict[str, Entry[T]] = {}
+        self._discovered = False
+
+    def register(self, name: str, help: str = "") -> Callable[[T], T]:
+        """Decorator: ``@COMPRESSORS.register("topk", "keep the largest values")`` above a class or function."""
+
+        def add(item: T) -> T:
+            self.add(name, item, help)
+            return item
+
+        return add
+
+    def add(self, name: str, item: T, help: str = "") -> None:
+        """Register ``item`` under ``name``; a second, different item under the same name is a bug."""
+        known = self._entries.get(name)
+        if known is not None and known.item is not item and _qualname(known.item) != _qualname(item):
+            raise ValueError(f"{self.kind} {name!r} is registered twice ({_qualname(known.item)}, {_qualname(item)})")
+        self._entries[name] = Entry(name, item, help)
+
+    def _discover(self) -> None:
+        if self._discovered:
+            return
+        self._discovered = True
+        package = importlib.import_module(self.home)
+        for info in pkgutil.walk_packages(package.__path__, prefix=f"{self.home}."):
+            importlib.import_module(info.name)
+
+    def entries(self) -> dict[str, Entry[T]]:
+        """Every entry by name (discovering them on first use): the order does not depend on import order."""
+        self._discover()
+        return dict(sorted(self._entries.items()))
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.entries())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __getitem__(self, name: str) -> T:
+        entries = self.entries()
+        if name not in entries:
+            raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(entries)}")
+        return entries[name].item
+
+    def get(self, name: str) -> T | None:
+        entry = self.entries().get(name)
+        return None if entry is None else entry.item
+
+
+def _qualname(item: Any) -> str:
+    return f"{getattr(item, '__module__', '?')}.{getattr(item, '__qualname__', repr(item))}"
+
+
+#: synchronisation schemes (``sync.scheme``): ``shoal.sync.base.SchemeSpec`` items
+SCHEMES: Registry[Any] = Registry("scheme", "shoal.sync")
+#: upload compressors (``compression.method``): ``shoal.compress.base.Compressor`` subclasses
+COMPRESSORS: Registry[Any] = Registry("compressor", "shoal.compress")
+#: in-network aggregation planners (``network.algorithm``, ``shoal route --algo``): planner functions
+PLANNERS: Registry[Any] = Registry("planner", "shoal.network.algorithms")

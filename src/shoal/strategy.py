@@ -1,0 +1,133 @@
+"""The training strategy, built once from the config: *what* trains, for any backend.
+
+A ``Strategy`` answers every question whose answer depends on the scheme,
+the compressor or SIM: which sync policy a server runs, whether workers keep
+their own model copies, which tensors are aggregated at which clock, how a
+worker compresses, at which density, and whether the server takes an outer
+step. The ``sim`` and ``ray`` backends receive it and only drive it: they
+own time, processes and transport, and never compare a scheme's name.
+
+It is frozen and holds no training state, so every process of a run (the
+ray workers included) builds the same one from the same config; the
+stateful objects it makes (a GSSP coordinator, schedules, codecs) belong to
+whoever asked for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from shoal.compress.codec import DELTA_SALT, GradientCodec, exchange_codec, server_optimizer, worker_codec
+from shoal.compress.gdtopk import GDTopKSchedule
+from shoal.compress.similarity import SimilaritySchedule
+from shoal.config import Config, OptimizerConfig
+from shoal.engine.gradients import TensorSlot
+from shoal.registry import COMPRESSORS, SCHEMES
+from shoal.sync.base import SchemeSpec, SyncPolicy, build_policy
+from shoal.sync.gssp import GSSP
+from shoal.sync.localsgd import PeriodicSchedule
+
+AggregationSchedule = SimilaritySchedule | PeriodicSchedule
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """The scheme, schedules and codecs of one run's config over one model layout."""
+
+    cfg: Config
+    layout: tuple[TensorSlot, ...]
+
+    @classmethod
+    def from_config(cls, cfg: Config, layout: Sequence[TensorSlot]) -> "Strategy":
+        return cls(cfg, tuple(layout))
+
+    # -- synchronisation -----------------------------------------------------------
+
+    @property
+    def scheme(self) -> SchemeSpec:
+        """The registered scheme of ``sync.scheme``."""
+        return SCHEMES[self.cfg.sync.scheme]
+
+    @property
+    def grouped(self) -> bool:
+        """Whether workers form groups with a server each (GSSP): ask ``coordinator`` for the groups."""
+        return self.scheme.coordinator is not None
+
+    def coordinator(self, workers: int) -> GSSP | None:
+        """A fresh grouping coordinator for ``workers`` workers (GSSP), or None for an ungrouped scheme."""
+        return self.scheme.coordinator(workers, self.cfg.sync) if self.grouped else None
+
+    def policy(self, workers: Iterable[int]) -> SyncPolicy:
+        """The policy of the one server of an ungrouped scheme, over ``workers``."""
+        return build_policy(self.cfg.sync.scheme, workers, self.cfg.sync)
+
+    # -- models and the server's step ----------------------------------------------
+
+    @property
+    def local_models(self) -> bool:
+        """Whether every worker keeps its own model copy for local steps: SIM, local SGD and DiLoCo."""
+        return self.cfg.compression.similarity.enabled or self.scheme.local_models
+
+    @property
+    def outer_step(self) -> tuple[float, float] | None:
+        """The server's outer optimizer (lr, Nesterov momentum) on the mean change (DiLoCo), else None."""
+        sync = self.cfg.sync
+        return (sync.outer_lr, sync.outer_momentum) if self.scheme.outer else None
+
+    @property
+    def server_optimizer(self) -> OptimizerConfig:
+        """What a server steps with: without momentum where the workers already apply it (DGC)."""
+        return server_optimizer(self.cfg.compression, self.cfg.optimizer)
+
+    def aggregation_schedule(self) -> AggregationSchedule | None:
+        """A fresh plan of which tensors are aggregated at which clock: local SGD's fixed one, SIM's measured one, or None."""
+        if self.scheme.local_models:
+            return PeriodicSchedule(len(self.layout), self.cfg.sync.local_steps)
+        sim = self.cfg.compression.similarity
+        if not sim.enabled:
+            return None
+        return SimilaritySchedule(
+            [s.name for s in self.layout], [s.numel for s in self.layout], threshold=sim.threshold,
+            max_period=sim.max_period, warmup_iterations=sim.warmup_iterations, min_numel=sim.min_numel,
+            smoothing=sim.smoothing, rule=sim.rule, min_snr=sim.min_snr, base_period=sim.base_period,
+        )
+
+    # -- compression ------------------------------------------------------------------
+
+    def codec(self, worker: int) -> GradientCodec | None:
+        """``worker``'s gradient codec (with DGC's momentum correction where it applies), or None without one."""
+        return worker_codec(self.cfg.compression, self.cfg.run.seed, worker, self.layout, 0, self.cfg.optimizer)
+
+    def delta_codec(self, worker: int) -> GradientCodec | None:
+        """The second codec of a worker with a local model: for its local changes, seeded apart."""
+        return worker_codec(self.cfg.compression, self.cfg.run.seed, worker, self.layout, DELTA_SALT, None)
+
+    def exchange_codec(self, group: int) -> GradientCodec | None:
+        """The codec a GSSP group server compresses its own delta with."""
+        return exchange_codec(self.cfg.compression, self.cfg.run.seed, group, self.layout)
+
+    @property
+    def scheduled_density(self) -> bool:
+        """Whether the compressor's density follows the per-group schedule (GDTopK)."""
+        method = self.cfg.compression.method
+        return method != "none" and COMPRESSORS[method].scheduled
+
+    def density(self, epoch: float, worker: int, coordinator: GSSP | None = None) -> float:
+        """``worker``'s upload density after ``epoch`` global epochs: fixed, or its group's scheduled one."""
+        if not self.scheduled_density:
+            return self.cfg.compression.density
+        if coordinator is None or not coordinator.grouped:
+            return self._schedule.group_density(epoch, [], [])
+        return self.group_density(epoch, coordinator.server_of[worker], coordinator)
+
+    def group_density(self, epoch: float, group: int, coordinator: GSSP | None) -> float:
+        """GDTopK: group ``group``'s scheduled density (its endpoints: the fastest and the slowest group)."""
+        if not self.scheduled_density or coordinator is None:
+            return self.cfg.compression.density
+        groups = coordinator.groups
+        return self._schedule.group_density(epoch, coordinator.profiler.times(), groups[group], groups)
+
+    @property
+    def _schedule(self) -> GDTopKSchedule:
+        return GDTopKSchedule.from_config(self.cfg.compression.gdtopk)
