@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from conftest import FAST
 from shoal.cli import app
-from shoal.commands.compare import RUN_FILES, plan_runs
+from shoal.comparison import RUN_FILES, plan_runs
 from shoal.config import ConfigError
 from shoal.report.rows import add_speedups, median_time, seeds_row, speedup
 from shoal.report.schemes import parse_scheme, parse_schemes

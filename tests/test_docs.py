@@ -219,7 +219,7 @@ def test_documented_commands_are_valid(page):
             if inv.command == "train":
                 load_config(config, inv.sets)
             elif _has_command("compare"):
-                from shoal.commands.compare import plan_runs
+                from shoal.comparison import plan_runs
                 from shoal.report.schemes import parse_schemes
 
                 plan_runs(config, parse_schemes(inv.schemes or ""), 1, inv.sets)

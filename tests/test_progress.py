@@ -8,7 +8,7 @@ import math
 
 from rich.console import Console
 
-from shoal.commands.progress import TrainProgress, budget_fraction, clock, describe, eta_s, worker_table
+from shoal.progress import TrainProgress, budget_fraction, clock, describe, eta_s, worker_table
 
 
 def test_the_budget_that_ends_first_sets_the_fraction():

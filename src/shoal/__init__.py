@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 __all__ = ["Config", "ConfigError", "Result", "__version__", "compare", "load_config", "load_model", "train"]
 
 _LAZY = {
-    "Config": "shoal.config", "ConfigError": "shoal.config", "load_config": "shoal.config",
+    "Config": "shoal.config", "ConfigError": "shoal.errors", "load_config": "shoal.config",
     "Result": "shoal.api", "train": "shoal.api", "compare": "shoal.api", "load_model": "shoal.engine.export",
 }
 

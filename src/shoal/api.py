@@ -45,13 +45,13 @@ def resolve_config(config: ConfigLike | None, overrides: Sequence[str] = ()) -> 
 def train(config: ConfigLike | None = None, *, out: str | Path | None = None, overrides: Sequence[str] = (),
           progress: bool = True, overwrite: bool = False) -> Result:
     """Train once and return the summary, the trained model and the run folder (default runs/train-<time>)."""
-    from shoal.commands.train import TrainProgress, console
+    from shoal.progress import TrainProgress, stderr_console
     from shoal.engine.export import load_model
     from shoal.runner import train as run_training
 
     cfg = resolve_config(config, overrides)
     run_dir = Path(out) if out is not None else Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
-    with TrainProgress(console, not progress, cfg.run.max_time_s, cfg.run.max_iterations) as update:
+    with TrainProgress(stderr_console(), not progress, cfg.run.max_time_s, cfg.run.max_iterations) as update:
         summary = run_training(cfg, run_dir, overwrite=overwrite, progress=update)
     model = load_model(run_dir) if summary.get("model_file") else None
     return Result(summary, model, run_dir)
@@ -61,7 +61,7 @@ def compare(config: str | Path | None = None, *, schemes: Sequence[str] | str, o
             seeds: int = 1, overrides: Sequence[str] = (), tune: Sequence[str] = (), progress: bool = True,
             overwrite: bool = False) -> dict[str, Any]:
     """Run ``shoal compare`` and return compare.json (its rows, the command that reproduces it)."""
-    from shoal.commands.compare import run_comparison
+    from shoal.comparison import run_comparison
 
     names = schemes if isinstance(schemes, str) else ",".join(schemes)
     folder = Path(out) if out is not None else Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")

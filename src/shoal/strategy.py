@@ -108,10 +108,14 @@ class Strategy:
         return exchange_codec(self.cfg.compression, self.cfg.run.seed, group, self.layout)
 
     @property
+    def compressed(self) -> bool:
+        """Whether workers compress their uploads at all."""
+        return self.cfg.compression.method != "none"
+
+    @property
     def scheduled_density(self) -> bool:
         """Whether the compressor's density follows the per-group schedule (GDTopK)."""
-        method = self.cfg.compression.method
-        return method != "none" and COMPRESSORS[method].scheduled
+        return self.compressed and COMPRESSORS[self.cfg.compression.method].scheduled
 
     def density(self, epoch: float, worker: int, coordinator: GSSP | None = None) -> float:
         """``worker``'s upload density after ``epoch`` global epochs: fixed, or its group's scheduled one."""

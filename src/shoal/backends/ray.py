@@ -323,7 +323,7 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         self._tick_progress(force=True)
 
     def _record_densities(self, t: float) -> None:
-        if self.cfg.compression.method != "none" and self.gssp is not None:
+        if self.strategy.compressed and self.gssp is not None:
             densities = [self._density(members[0]) if members else None for members in self._groups()]
             self.recorder.event("densities", t=round(t, 6), densities=densities)
 

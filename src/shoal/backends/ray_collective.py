@@ -66,6 +66,7 @@ from shoal.cluster import StragglerModel
 from shoal.config import Config
 from shoal.engine.cost import ring_allreduce_bytes, ring_allreduce_time
 from shoal.engine.setup import build_engine
+from shoal.strategy import Strategy
 
 JOIN_TIMEOUT = timedelta(seconds=60)
 AGREE_EVERY_S = 0.05  # iteration seconds between two agreements (stop, settings, peer deltas)
@@ -101,6 +102,7 @@ class CollectiveWorker(GroupExchange):
         self.engine = build_engine(cfg, shard.input_shape, num_classes)
         self.engine._load(torch.from_numpy(np.array(params)), torch.from_numpy(np.array(buffers)))
         self.engine.model.to(self.device)
+        self.grouped = Strategy.from_config(cfg, self.engine.layout).grouped  # GSSP groups; else one group of all
         batch = min(len(shard.y_train), cfg.data.batch_size)  # what measures compute, without using the stream
         self._probe = (shard.x_train[:batch].to(self.device), shard.y_train[:batch].to(self.device))
         self.stragglers = StragglerModel(cfg.cluster.stragglers, cfg.cluster.workers, cfg.run.seed)
@@ -288,7 +290,7 @@ class CollectiveWorker(GroupExchange):
         agree = self.iterations % self.stop_every == 0
         # BSP: overlapped with this iteration's compute (taken after the step it cost the MLP on 2 ranks about a
         # quarter), awaited after the step. GSSP: after the step, blocking: a regroup's stop ends this iteration
-        overlapped = agree and self.cfg.sync.scheme == "bsp"
+        overlapped = agree and not self.grouped
         control, agreed = self._agreement(overlapped) if overlapped else (None, None)
         x, y = self.stream.next()
         x, y = x.to(self.device), y.to(self.device)
@@ -301,7 +303,7 @@ class CollectiveWorker(GroupExchange):
         loss.backward()  # DDP all-reduces the gradient buckets while backward runs
         self.iterations += 1
         with self.lock:
-            if self.cfg.sync.scheme == "bsp":
+            if not self.grouped:
                 self._set_lr()
             self.optimizer.step()
         sync = max(time.perf_counter() - start - self.real_compute_s, 0.0)

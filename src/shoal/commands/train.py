@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from shoal.commands.common import user_errors_exit_2
-from shoal.commands.progress import TrainProgress, worker_table
+from shoal.progress import TrainProgress, worker_table
 from shoal.config import load_config
 
 console = Console(stderr=True)

@@ -13,11 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shoal.network.algorithms.baselines import plan_atp, plan_atp_two_level, plan_geryon, plan_switchml
 from shoal.network.algorithms.budget import Deadline, TimeLimit
-from shoal.network.algorithms.exact import plan_exact
-from shoal.network.algorithms.grid import plan_grid
-from shoal.network.algorithms.rgria import plan_rgria
 from shoal.network.evaluator import Evaluation, Plan, complete_paths, evaluate
 from shoal.network.instance import Instance
 from shoal.network.routing import Routes

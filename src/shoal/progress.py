@@ -21,6 +21,11 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+def stderr_console() -> Console:
+    """Where progress goes: standard error, so standard output stays the run's results."""
+    return Console(stderr=True)
+
+
 PLAIN_EVERY_S = 10.0  # wall seconds between plain progress lines
 COMPACT_ABOVE = 32  # workers beyond which the summary shows quantiles and the extremes, not every worker
 
