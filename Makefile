@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 DEMO_SCHEMES ?= bsp,ssp,gssp,gssp+sim,bsp+ina-grid
 
-.PHONY: setup demo test browser bench clean
+.PHONY: setup demo test test-fast browser bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,15 @@ demo: $(STAMP)
 	$(BIN)/shoal compare --config examples/demo.toml --schemes $(DEMO_SCHEMES) --out runs/demo --overwrite
 	@echo "open file://$(CURDIR)/runs/demo/report.html in a browser (accuracy over time, speed-ups, per-worker timelines, groups, SIM, routing)"
 
+# Everything: the suite on every core, then the tests that start a real Ray instance, one at a time
+# (they time real processes, so they do not share the cores with other tests).
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto -m "not ray"
+	$(BIN)/python -m pytest -q -m ray
+
+# The edit loop (under 2 minutes): everything but the slow end-to-end runs and the Ray tests.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n auto -m "not slow and not ray"
 
 # Headless Chromium for the report's browser test; installed quietly where apt-get exists (the test
 # skips without it).

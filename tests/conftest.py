@@ -12,6 +12,15 @@ from shoal.config import Config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: test files whose every test starts a real Ray instance (marked ``ray``: run one at a time, after the rest)
+RAY_FILES = {"test_ray_backend.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in RAY_FILES:
+            item.add_marker(pytest.mark.ray)
+
 FAST = [
     "data.name=digits",
     "model.name=mlp",
