@@ -57,8 +57,8 @@ METHODS: dict[str, list[str]] = {
     "powersgd": ["sync.scheme=bsp", "compression.method=powersgd", "compression.rank=4"],
     "sim": SIM,
     "sim-h2": SIM + ["compression.similarity.base_period=2"],
-    "localsgd-h2": ["sync.scheme=localsgd", "sync.local_steps=2"],
-    "localsgd-h8": ["sync.scheme=localsgd", "sync.local_steps=8"],
+    "localsgd-h2": ["sync.scheme=localsgd", "sync.localsgd.local_steps=2"],
+    "localsgd-h8": ["sync.scheme=localsgd", "sync.localsgd.local_steps=8"],
 }
 
 #: the second workload for SIM against local SGD: LeNet-5 (0.25 M parameters) on 8 workers behind 0.1 Gbit/s links

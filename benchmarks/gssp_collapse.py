@@ -6,7 +6,7 @@ lr 0.05 and momentum 0.9, seed 0, 12 virtual seconds. The runs differ from
 setting each: no momentum at the same lr / (1 - m); deltas exchanged after
 every update; two groups; no staleness inside a group; ASP for reference;
 and shoal's fixes, momentum decayed on the clock of all updates
-(``sync.group_momentum = "global"``) or at the busiest group's share
+(``sync.gssp.group_momentum = "global"``) or at the busiest group's share
 (``"busiest"``, the default). The accuracy curve says which change
 prevents the collapse.
 
@@ -25,22 +25,22 @@ BASE = [
     "model.name=lenet5", "data.name=mnist5k", "data.batch_size=32", "optimizer.lr=0.05", "optimizer.momentum=0.9",
     "cluster.workers=32", "cluster.profile=lognormal", "cluster.lognormal_sigma=0.5", "cluster.compute_s=0.05",
     "cluster.link_gbps=10", "cluster.server_gbps=10", "run.target_accuracy=0.94", "run.stop_at_target=false",
-    "run.eval_every_s=2", "run.max_time_s=12", "run.seed=0", "sync.staleness=3", "backend.log_iterations=false",
+    "run.eval_every_s=2", "run.max_time_s=12", "run.seed=0", "sync.gssp.staleness=3", "backend.log_iterations=false",
 ]
-PAPER = ["sync.scheme=gssp", "sync.group_momentum=server", "sync.split_ratio=1", "sync.regroup_cooldown_s=0",
-         "sync.transient_factor=0", "sync.paced=false"]
+PAPER = ["sync.scheme=gssp", "sync.gssp.group_momentum=server", "sync.gssp.split_ratio=1", "sync.gssp.regroup_cooldown_s=0",
+         "sync.gssp.transient_factor=0", "sync.gssp.paced=false"]
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "paper": ("the paper's GSSP: own momentum per group server", PAPER),
     "no-momentum": ("momentum 0 at lr 0.5 (the same lr / (1 - m))", PAPER + ["optimizer.momentum=0", "optimizer.lr=0.5"]),
-    "exchange-every-1": ("deltas sent after every update", PAPER + ["sync.exchange_every=1"]),
-    "two-groups": ("two groups instead of five", PAPER + ["sync.groups=2"]),
-    "staleness-0": ("BSP inside each group", PAPER + ["sync.staleness=0"]),
+    "exchange-every-1": ("deltas sent after every update", PAPER + ["sync.gssp.exchange_every=1"]),
+    "two-groups": ("two groups instead of five", PAPER + ["sync.gssp.groups=2"]),
+    "staleness-0": ("BSP inside each group", PAPER + ["sync.gssp.staleness=0"]),
     "global-momentum": ("shoal: momentum decayed on the clock of all updates", PAPER[:1] + [
-        "sync.group_momentum=global", "sync.split_ratio=1", "sync.regroup_cooldown_s=0", "sync.transient_factor=0",
-        "sync.paced=false"]),
+        "sync.gssp.group_momentum=global", "sync.gssp.split_ratio=1", "sync.gssp.regroup_cooldown_s=0", "sync.gssp.transient_factor=0",
+        "sync.gssp.paced=false"]),
     "busiest-momentum": ("shoal's default: every group's momentum decays as the busiest group's does", PAPER[:1] + [
-        "sync.group_momentum=busiest", "sync.split_ratio=1", "sync.regroup_cooldown_s=0", "sync.transient_factor=0",
-        "sync.paced=false"]),
+        "sync.gssp.group_momentum=busiest", "sync.gssp.split_ratio=1", "sync.gssp.regroup_cooldown_s=0", "sync.gssp.transient_factor=0",
+        "sync.gssp.paced=false"]),
     "asp": ("ASP, same lr and momentum", ["sync.scheme=asp"]),
 }
 

@@ -30,11 +30,11 @@ BASE = [
     "model.name=lenet5", "data.name=mnist5k", "data.batch_size=32", "optimizer.momentum=0.9",
     "cluster.workers=16", "cluster.speeds=[1,1,1,1,2,2,2,2,4,4,4,4,8,8,8,8]", "cluster.compute_s=0.05",
     "cluster.link_gbps=0.1", "cluster.server_gbps=0.1", f"run.target_accuracy={TARGET}", "run.target_patience=3",
-    "run.stop_at_target=false", "run.eval_every_s=4", "run.max_time_s=300", "sync.staleness=3",
+    "run.stop_at_target=false", "run.eval_every_s=4", "run.max_time_s=300", "sync.ssp.staleness=3", "sync.gssp.staleness=3",
     "backend.log_iterations=false",
 ]
-GSSP = ["sync.scheme=gssp", "sync.group_momentum=busiest", "sync.split_ratio=1.5", "sync.regroup_cooldown_s=5",
-        "sync.transient_factor=2"]
+GSSP = ["sync.scheme=gssp", "sync.gssp.group_momentum=busiest", "sync.gssp.split_ratio=1.5", "sync.gssp.regroup_cooldown_s=5",
+        "sync.gssp.transient_factor=2"]
 SCHEMES: dict[str, list[str]] = {"gssp": GSSP, "gssp+gdtopk": GSSP + ["compression.method=gdtopk"]}
 
 

@@ -30,14 +30,14 @@ BASE = [
     "cluster.workers=32", "cluster.profile=lognormal", "cluster.lognormal_sigma=0.5",
     "cluster.compute_s=0.05", "cluster.link_gbps=10", "cluster.server_gbps=10",
     f"run.target_accuracy={TARGET}", "run.target_patience=3", "run.stop_at_target=true",
-    "run.eval_every_s=2", "run.max_time_s=60", "sync.staleness=3", "backend.log_iterations=false",
+    "run.eval_every_s=2", "run.max_time_s=60", "sync.ssp.staleness=3", "sync.gssp.staleness=3", "backend.log_iterations=false",
 ]
 SCHEMES: dict[str, list[str]] = {
     "asp": ["sync.scheme=asp"],
-    "gssp": ["sync.scheme=gssp", "sync.group_momentum=busiest", "sync.paced=true", "sync.split_ratio=1.5",
-             "sync.transient_factor=2"],
-    "gssp-paper": ["sync.scheme=gssp", "sync.group_momentum=server", "sync.split_ratio=1", "sync.regroup_cooldown_s=0",
-                   "sync.transient_factor=0", "sync.paced=false"],
+    "gssp": ["sync.scheme=gssp", "sync.gssp.group_momentum=busiest", "sync.gssp.paced=true", "sync.gssp.split_ratio=1.5",
+             "sync.gssp.transient_factor=2"],
+    "gssp-paper": ["sync.scheme=gssp", "sync.gssp.group_momentum=server", "sync.gssp.split_ratio=1", "sync.gssp.regroup_cooldown_s=0",
+                   "sync.gssp.transient_factor=0", "sync.gssp.paced=false"],
 }
 
 

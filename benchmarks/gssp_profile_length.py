@@ -4,7 +4,7 @@ A worker caught in a transient slow spell while it is profiled looks like a
 slow worker, so a uniform cluster splits; profiling longer than a spell
 avoids that, but until the split everyone runs as one SSP group, gated by
 the slowest worker. This runs both sides of that trade-off with
-``sync.profile_iterations`` = 3 (the default) and 6:
+``sync.gssp.profile_iterations`` = 3 (the default) and 6:
 
 - uniform: the uniform benchmark's cluster (16 equal workers, 4x spells of 5
   iterations, p = 0.05), its tuned lr 0.02, 10 seeds, 6 virtual seconds:
@@ -36,13 +36,13 @@ UNIFORM_SEEDS, TIER_SEEDS = list(range(10)), list(range(5))
 def uniform_config(length: int, seed: int) -> list[str]:
     base = [o for o in gssp_uniform.BASE if not o.startswith("run.max_time_s")]
     return base + gssp_uniform.SCHEMES["gssp"] + ["run.max_time_s=6", "optimizer.lr=0.02", f"run.seed={seed}",
-                                                   f"sync.profile_iterations={length}"]
+                                                   f"sync.gssp.profile_iterations={length}"]
 
 
 def tier_config(length: int, seed: int) -> list[str]:
     return gssp_speedup.BASE + gssp_speedup.SCHEMES["gssp"] + [
         "run.max_time_s=60", "run.stop_at_target=true", "optimizer.lr=0.05", f"run.seed={seed}",
-        f"sync.profile_iterations={length}"]
+        f"sync.gssp.profile_iterations={length}"]
 
 
 def main() -> None:

@@ -42,8 +42,10 @@ BASE = [
     "run.target_patience=3",
     "run.stop_at_target=false",
     "run.eval_every_s=2",
-    "sync.staleness=3",
-    "sync.local_steps=8",
+    "sync.ssp.staleness=3",
+    "sync.gssp.staleness=3",
+    "sync.localsgd.local_steps=8",
+    "sync.diloco.local_steps=8",
     "backend.log_iterations=false",
 ]
 
@@ -55,8 +57,8 @@ SCHEMES: dict[str, list[str]] = {
     "diloco": ["sync.scheme=diloco"],
     # shoal's GSSP: no group's momentum steps harder than the busiest group's, no split under a 1.5x speed
     # ratio, no waiting for transient stragglers, charged exchange
-    "gssp": ["sync.scheme=gssp", "sync.group_momentum=busiest", "sync.paced=true", "sync.split_ratio=1.5",
-             "sync.transient_factor=2"],
+    "gssp": ["sync.scheme=gssp", "sync.gssp.group_momentum=busiest", "sync.gssp.paced=true", "sync.gssp.split_ratio=1.5",
+             "sync.gssp.transient_factor=2"],
 }
 OURS = "gssp"
 SYNC_BASELINES = ("bsp", "ssp")

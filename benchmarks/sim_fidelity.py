@@ -38,9 +38,9 @@ CONFIGS: dict[str, list[str]] = {
     "bsp": ["sync.scheme=bsp"],
     "bsp-allreduce": ["sync.scheme=bsp", "sync.intra_group=allreduce"],
     "asp": ["sync.scheme=asp"],
-    "ssp": ["sync.scheme=ssp", "sync.staleness=3"],
-    "gssp": ["sync.scheme=gssp", "sync.staleness=3"],
-    "localsgd": ["sync.scheme=localsgd", "sync.local_steps=8"],
+    "ssp": ["sync.scheme=ssp", "sync.ssp.staleness=3"],
+    "gssp": ["sync.scheme=gssp", "sync.gssp.staleness=3"],
+    "localsgd": ["sync.scheme=localsgd", "sync.localsgd.local_steps=8"],
 }
 RATE_BAR, TIME_BAR = 0.15, 0.25
 

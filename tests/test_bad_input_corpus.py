@@ -30,7 +30,7 @@ TRAIN = [
     ("gdtopk densities inverted", ["--set", "compression.compressor=gdtopk", "--set", "compression.gdtopk.final_density_fast=0.5",
                                    "--set", "compression.gdtopk.final_density_slow=0.1"], "final_density_fast"),
     ("unbounded budget", ["--set", "run.max_time_s=inf"], "run.max_time_s"),
-    ("groups auto2", ["--set", "sync.scheme=gssp", "--set", "sync.groups=auto2"], "sync.groups"),
+    ("groups auto2", ["--set", "sync.scheme=gssp", "--set", "sync.gssp.groups=auto2"], "sync.gssp.groups"),
     ("section as a number", ["--set", "cluster=3"], "cluster"),
     ("key under a number", ["--set", "run.seed.x=1"], "run.seed"),
     ("misspelt key", ["--set", "optimizer.lrr=0.1"], "did you mean"),

@@ -63,11 +63,11 @@ def test_resolved_config_reproduces_the_run(tmp_path):
         (["--set", "data.batch_size=100000"], "data.batch_size: 100000 is larger than the smallest worker's shard"),
         (["--set", "optimizer.lr_decay_epochs=[-1]"], "optimizer.lr_decay_epochs.0"),
         (["--set", "compression.gdtopk.final_density_fast=0.5"], "must not exceed final_density_slow"),
-        (["--set", "sync.groups=\"auto2\""], "sync.groups: 'auto2' is not valid: expected a valid integer or 'auto'"),
+        (["--set", "sync.gssp.groups=\"auto2\""], "sync.gssp.groups: 'auto2' is not valid: expected a valid integer or 'auto'"),
         (["--set", "cluster=3"], "cluster: expected a [cluster] table, got 3"),
         (["--set", "run.seed.x=1"], "run.seed is a value, not a section"),
         (["--set", "clustr.workers=2"], "clustr: unknown key (did you mean 'cluster'?)"),
-        (["--set", "sync.stalenes=2"], "sync.stalenes: unknown key (did you mean 'staleness'?)"),
+        (["--set", "sync.stalenes=2"], "sync.stalenes: unknown key (did you mean 'ssp.staleness'?)"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, fragment):

@@ -37,13 +37,13 @@ def test_nested_section_override():
         ("data.name=imagenet", "unknown data set"),
         ("run.target_accuracy=1.5", "run.target_accuracy"),
         ("optimizer.lr=0", "optimizer.lr"),
-        ("sync.groups=0", "sync.groups"),
+        ("sync.gssp.groups=0", "sync.gssp.groups"),
         ("cluster.speeds=[1, 0, 1, 1, 1, 1, 1, 1]", "cluster.speeds: must be a non-empty list of positive numbers"),
         ("model.hidden=[]", "model.hidden"),
-        ("sync.groups=\"many\"", "sync.groups"),
-        ("sync.exchange_every=0", "sync.exchange_every"),
-        ("sync.group_threshold=1.5", "sync.group_threshold"),
-        ("sync.profile_window=0", "sync.profile_window"),
+        ("sync.gssp.groups=\"many\"", "sync.gssp.groups"),
+        ("sync.gssp.exchange_every=0", "sync.gssp.exchange_every"),
+        ("sync.gssp.group_threshold=1.5", "sync.gssp.group_threshold"),
+        ("sync.gssp.profile_window=0", "sync.gssp.profile_window"),
         ("compression.method=zip", "compression.method"),
         ("compression.gdtopk.final_density_fast=2", "compression.gdtopk.final_density_fast"),
         ("compression.gdtopk.warmup_epochs=-1", "compression.gdtopk.warmup_epochs"),
@@ -79,7 +79,7 @@ def test_malformed_override():
 
 def test_resolved_config_round_trips_through_toml():
     cfg = load_config(None, ["cluster.speeds=[1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]", "run.seed=3",
-                             "cluster.speed_changes=[{worker = 1, at_s = 2.5, speed = 4.0}]", "sync.groups=3"])
+                             "cluster.speed_changes=[{worker = 1, at_s = 2.5, speed = 4.0}]", "sync.gssp.groups=3"])
     again = build_config(tomllib.loads(to_toml(cfg)))
     assert again == cfg
 
@@ -100,3 +100,50 @@ def test_examples_load():
 def test_allreduce_groups_refuse_what_they_do_not_run(overrides, fragment):
     with pytest.raises(ConfigError, match=re.escape(fragment)):
         load_config(None, overrides)
+
+
+def test_scheme_options_live_in_their_own_sections_and_the_section_defaults_are_gssps():
+    from shoal.config import GSSPOptions
+    from shoal.sync.gssp import GSSP
+
+    cfg = load_config(None, ["sync.scheme=gssp", "sync.gssp.paced=false", "sync.ssp.staleness=5"])
+    assert cfg.sync.gssp.paced is False and cfg.sync.ssp.staleness == 5 and cfg.sync.gssp.staleness == 3
+    plain = GSSP(8)  # no options: exactly the config's defaults
+    assert plain.options == GSSPOptions() == Config().sync.gssp
+    assert (plain.split_ratio, plain.transient_factor, plain.paced) == (1.5, 2.0, True)
+
+
+def test_old_flat_sync_keys_map_into_every_section_that_has_them_with_one_deprecation_each():
+    from shoal.errors import ConfigDeprecation
+
+    with pytest.warns(ConfigDeprecation) as said:
+        cfg = load_config(None, ["sync.paced=false", "sync.staleness=2", "sync.local_steps=5", "sync.outer_lr=0.5",
+                                 "sync.diloco.local_steps=9"])
+    assert sorted(str(w.message) for w in said) == [
+        "sync.local_steps is deprecated: use sync.localsgd.local_steps and sync.diloco.local_steps",
+        "sync.outer_lr is deprecated: use sync.diloco.outer_lr",
+        "sync.paced is deprecated: use sync.gssp.paced",
+        "sync.staleness is deprecated: use sync.ssp.staleness and sync.gssp.staleness",
+    ]
+    assert cfg.sync.gssp.paced is False and cfg.sync.ssp.staleness == cfg.sync.gssp.staleness == 2
+    assert cfg.sync.localsgd.local_steps == 5 and cfg.sync.diloco.local_steps == 9  # the section's own key wins
+    assert cfg.sync.diloco.outer_lr == 0.5
+    resolved = tomllib.loads(to_toml(cfg))["sync"]  # written back in sections only: a rerun warns about nothing
+    assert "paced" not in resolved and resolved["gssp"]["paced"] is False
+
+
+def test_the_cli_prints_one_warning_line_per_old_key_and_trains(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import FAST
+
+    out = tmp_path / "run"
+    sets = FAST + ["sync.scheme=gssp", "sync.paced=false", "sync.staleness=2", "run.max_time_s=1"]
+    done = subprocess.run([sys.executable, "-m", "shoal", "train", "-q", "--out", str(out),
+                           *[a for o in sets for a in ("--set", o)]], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("warning:")] == [
+        "warning: sync.paced is deprecated: use sync.gssp.paced",
+        "warning: sync.staleness is deprecated: use sync.ssp.staleness and sync.gssp.staleness"]
+    assert "Traceback" not in done.stderr and (out / "summary.json").is_file()

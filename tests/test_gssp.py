@@ -9,13 +9,22 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.config import OptimizerConfig
+from shoal.config import GSSPOptions, OptimizerConfig
 from shoal.engine.replica import Replica
 from shoal.runner import train
 from shoal.sync.gssp import GSSP
 from shoal.sync.policies import SSP, PacedSSP
 
 from conftest import read_jsonl
+
+#: the paper's rules: every refinement shoal's defaults turn on is off here, so each test turns on what it checks
+PAPER = dict(split_ratio=1.0, regroup_cooldown_s=0.0, transient_factor=0.0, confirm_span=0.0, confirm_fraction=1.0,
+             paced=False, group_momentum="server")
+
+
+def gssp(workers: int, intra_group: str = "server", **options) -> GSSP:
+    """A GSSP coordinator under the paper's rules with ``options`` changed."""
+    return GSSP(workers, GSSPOptions(**{**PAPER, **options}), intra_group)
 
 TIERS = "cluster.speeds=[1, 1, 1, 1, 8, 8, 8, 8]"
 
@@ -27,7 +36,7 @@ def _profile(policy: GSSP, times: list[float], rounds: int) -> None:
 
 
 def test_one_group_until_profiled_then_natural_breaks():
-    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2)
+    p = gssp(4, staleness=1, exchange_every=2, profile_iterations=2)
     assert p.servers == 1 and p.initial_split() is None
     _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=2)
     assert p.initial_split() == [[0, 1], [2, 3]]
@@ -36,7 +45,7 @@ def test_one_group_until_profiled_then_natural_breaks():
 
 
 def test_limit_groups_caps_the_split_and_the_regroups():
-    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, confirm_span=0)
+    p = gssp(4, staleness=1, exchange_every=2, profile_iterations=2, confirm_span=0)
     p.limit_groups(2)
     _profile(p, [0.1, 0.4, 1.6, 6.4], rounds=2)
     assert p.initial_split() == [[0, 1], [2, 3]]  # four tiers, two servers
@@ -47,7 +56,7 @@ def test_limit_groups_caps_the_split_and_the_regroups():
 
 def _confirming(workers: int = 4, span: float = 15.0) -> GSSP:
     """Confirmation over 15 of the fastest worker's 0.1 s iterations: 4 iterations of a 4x worker, 2 of an 8x one."""
-    return GSSP(workers, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, split_ratio=1.5,
+    return gssp(workers, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, split_ratio=1.5,
                 transient_factor=2.0, confirm_span=span)
 
 
@@ -120,7 +129,7 @@ def test_confirm_span_0_splits_on_the_profile_alone():
 
 
 def test_when_as_many_as_confirm_fraction_look_slow_nobody_confirms_and_the_split_is_on_the_profiles():
-    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, split_ratio=1.5,
+    p = gssp(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, split_ratio=1.5,
              transient_factor=2.0, confirm_span=15, confirm_fraction=0.5)
     _profile(p, [0.1, 0.1, 0.4, 0.4], rounds=2)  # 2 of 4 look slow: spread speeds, not spells
     assert not p.confirming() and p.policy(0).excused == set()
@@ -128,7 +137,7 @@ def test_when_as_many_as_confirm_fraction_look_slow_nobody_confirms_and_the_spli
 
 
 def test_when_fewer_than_confirm_fraction_look_slow_they_confirm_and_nobody_is_excused_before_all_are_profiled():
-    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, split_ratio=1.5,
+    p = gssp(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, split_ratio=1.5,
              transient_factor=2.0, confirm_span=15, confirm_fraction=0.5)
     _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=1)
     assert not p.confirming() and p.policy(0).excused == set()  # not decided before every worker is profiled
@@ -141,7 +150,7 @@ def test_when_fewer_than_confirm_fraction_look_slow_they_confirm_and_nobody_is_e
 
 def test_restore_puts_back_the_groups_the_speeds_and_the_choice_to_confirm():
     def fresh() -> GSSP:
-        return GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, split_ratio=1.5,
+        return gssp(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, split_ratio=1.5,
                     transient_factor=2.0, confirm_span=15, confirm_fraction=0.5)
 
     p = fresh()
@@ -155,14 +164,14 @@ def test_restore_puts_back_the_groups_the_speeds_and_the_choice_to_confirm():
 
 
 def test_a_paper_gssp_splits_on_the_profile_alone():
-    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, split_ratio=1.5, confirm_span=15)
+    p = gssp(4, staleness=1, exchange_every=2, profile_iterations=2, split_ratio=1.5, confirm_span=15)
     _profile(p, [0.1, 0.1, 0.1, 0.4], rounds=2)
     assert p.policy(0).excused == set() and p.initial_split() == [[0, 1, 2], [3]]
 
 
 def test_a_burst_of_spells_after_the_split_does_not_move_a_worker():
     """Regrouping sees a worker as fast as the fastest of its iterations in the last confirm_span x 0.1 s."""
-    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=1, profile_window=10, regroup_patience=1,
+    p = gssp(4, staleness=1, exchange_every=2, profile_iterations=1, profile_window=10, regroup_patience=1,
              split_ratio=1.5, transient_factor=2.0, confirm_span=30)
     _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=4)  # workers 2 and 3 confirm their speed (3.2 s >= 3 s)
     assert p.initial_split() == [[0, 1], [2, 3]]
@@ -174,7 +183,7 @@ def test_a_burst_of_spells_after_the_split_does_not_move_a_worker():
 
 
 def test_slow_group_gates_only_its_own_members():
-    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=1)
+    p = gssp(4, staleness=1, exchange_every=2, profile_iterations=1)
     _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=1)
     p.initial_split()
     fast = p.policy(0)
@@ -186,7 +195,7 @@ def test_slow_group_gates_only_its_own_members():
 
 
 def test_exchange_every_k_local_updates():
-    p = GSSP(4, staleness=1, exchange_every=3, profile_iterations=1)
+    p = gssp(4, staleness=1, exchange_every=3, profile_iterations=1)
     assert not p.local_update(0)  # one server: nobody to exchange with
     _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=1)
     p.initial_split()
@@ -194,7 +203,7 @@ def test_exchange_every_k_local_updates():
 
 
 def test_regroup_moves_a_worker_that_slowed_down():
-    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=1, profile_window=4, regroup_patience=1)
+    p = gssp(4, staleness=1, exchange_every=2, profile_iterations=1, profile_window=4, regroup_patience=1)
     _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=1)
     p.initial_split()
     _profile(p, [0.8, 0.1, 0.8, 0.8], rounds=4)
@@ -205,7 +214,7 @@ def test_regroup_moves_a_worker_that_slowed_down():
 
 
 def test_a_joiner_trains_in_the_fastest_group_until_profiled_then_moves_to_its_speed():
-    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=4, regroup_patience=1)
+    p = gssp(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=4, regroup_patience=1)
     _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=2)
     p.initial_split()
     assert p.join(4) == 0 and p.groups == [[0, 1, 4], [2, 3]]  # unknown speed: the fastest group
@@ -222,7 +231,7 @@ def test_a_joiner_trains_in_the_fastest_group_until_profiled_then_moves_to_its_s
 
 
 def test_a_joiner_that_starts_in_a_slow_spell_stays_in_the_fast_group():
-    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, regroup_patience=1,
+    p = gssp(4, staleness=1, exchange_every=2, profile_iterations=2, profile_window=10, regroup_patience=1,
              split_ratio=1.5, transient_factor=2.0, confirm_span=30)
     _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=4)
     assert p.initial_split() == [[0, 1], [2, 3]]
@@ -238,7 +247,7 @@ def test_a_joiner_that_starts_in_a_slow_spell_stays_in_the_fast_group():
 
 
 def test_the_split_waits_for_a_joiner_and_ignores_who_left():
-    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=1)
+    p = gssp(4, staleness=1, exchange_every=2, profile_iterations=1)
     p.observe(0, 0.1), p.observe(1, 0.1), p.observe(2, 0.8)  # worker 3 leaves before it was profiled
     assert p.leave(3) == 0 and 3 not in p.policy(0).clocks
     assert p.join(4) == 0 and p.initial_split() is None  # the split waits for the joiner's profile
@@ -248,7 +257,7 @@ def test_the_split_waits_for_a_joiner_and_ignores_who_left():
 
 
 def test_converged_speeds_merge_into_one_server_and_leave_the_other_idle():
-    p = GSSP(4, staleness=1, exchange_every=2, profile_iterations=1, profile_window=4, regroup_patience=1,
+    p = gssp(4, staleness=1, exchange_every=2, profile_iterations=1, profile_window=4, regroup_patience=1,
              split_ratio=1.5, regroup_cooldown_s=5.0)
     _profile(p, [0.1, 0.1, 0.8, 0.8], rounds=1)
     p.initial_split()
@@ -263,7 +272,7 @@ def test_converged_speeds_merge_into_one_server_and_leave_the_other_idle():
 
 
 def test_update_shares_follow_group_size_and_slowest_member():
-    p = GSSP(6, staleness=1, exchange_every=2, profile_iterations=1, split_ratio=1.5)
+    p = gssp(6, staleness=1, exchange_every=2, profile_iterations=1, split_ratio=1.5)
     _profile(p, [0.1, 0.1, 0.1, 0.1, 0.4, 0.5], rounds=1)
     p.initial_split()
     assert p.groups == [[0, 1, 2, 3], [4, 5]]
@@ -271,7 +280,7 @@ def test_update_shares_follow_group_size_and_slowest_member():
 
 
 def test_paced_groups_pace_members_by_their_slowest_and_share_updates_by_their_summed_rates():
-    p = GSSP(6, staleness=1, exchange_every=2, profile_iterations=1, split_ratio=1.5, paced=True)
+    p = gssp(6, staleness=1, exchange_every=2, profile_iterations=1, split_ratio=1.5, paced=True)
     _profile(p, [0.1, 0.1, 0.1, 0.125, 0.4, 0.5], rounds=1)
     assert isinstance(p.policy(0), SSP) and not isinstance(p.policy(0), PacedSSP)  # profiling: plain SSP
     p.initial_split()
@@ -285,7 +294,7 @@ def test_paced_groups_pace_members_by_their_slowest_and_share_updates_by_their_s
 
 def test_unpaced_groups_and_allreduce_groups_run_plain_policies():
     for kwargs in ({}, {"paced": True, "intra_group": "allreduce"}):
-        p = GSSP(6, staleness=1, exchange_every=2, profile_iterations=1, split_ratio=1.5, **kwargs)
+        p = gssp(6, staleness=1, exchange_every=2, profile_iterations=1, split_ratio=1.5, **kwargs)
         _profile(p, [0.1, 0.1, 0.1, 0.125, 0.4, 0.5], rounds=1)
         p.initial_split()
         assert not any(isinstance(p.policy(s), PacedSSP) for s in range(2)) and p.paces() == [{}, {}]
@@ -293,7 +302,7 @@ def test_unpaced_groups_and_allreduce_groups_run_plain_policies():
 
 @pytest.mark.parametrize("mode", ["server", "global", "busiest"])
 def test_momentum_shares_per_mode(mode):
-    p = GSSP(6, staleness=1, exchange_every=2, profile_iterations=1, split_ratio=1.5, group_momentum=mode)
+    p = gssp(6, staleness=1, exchange_every=2, profile_iterations=1, split_ratio=1.5, group_momentum=mode)
     _profile(p, [0.1, 0.1, 0.1, 0.1, 0.4, 0.5], rounds=1)
     assert p.momentum_shares() == ([None] if mode == "server" else [1.0])  # one group while profiling
     p.initial_split()
@@ -319,7 +328,7 @@ def test_by_default_every_group_server_decays_its_momentum_as_the_busiest_one(fa
     assert len({server for server, share in calls if share < 1.0}) == 2
     assert after_split and all(share == pytest.approx(8 / 9, rel=0.05) for share in after_split)
     calls.clear()
-    train(fast_config(*run, "sync.group_momentum=server"), tmp_path / "s")
+    train(fast_config(*run, "sync.gssp.group_momentum=server"), tmp_path / "s")
     assert calls == []
 
 
@@ -424,7 +433,7 @@ def test_a_replacement_from_a_peers_shared_snapshot_agrees_with_the_others_in_th
 
 def _gssp(fast_config, *extra: str):
     return fast_config("sync.scheme=gssp", "backend.mode=cost", "cluster.workers=8", TIERS,
-                       "sync.profile_iterations=3", "run.max_time_s=30", *extra)
+                       "sync.gssp.profile_iterations=3", "run.max_time_s=30", *extra)
 
 
 def test_gssp_frees_the_fast_workers_that_bsp_holds_back(fast_config, tmp_path):
@@ -443,7 +452,7 @@ def test_gssp_frees_the_fast_workers_that_bsp_holds_back(fast_config, tmp_path):
 
 
 def test_with_confirm_span_the_slow_tier_confirms_its_speed_before_the_split(fast_config, tmp_path):
-    gssp = train(_gssp(fast_config, "sync.confirm_span=96", "sync.confirm_fraction=1"), tmp_path / "g")
+    gssp = train(_gssp(fast_config, "sync.gssp.confirm_span=96", "sync.gssp.confirm_fraction=1"), tmp_path / "g")
     assert gssp["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     events = read_jsonl(tmp_path / "g" / "metrics.jsonl")
     split = next(e["t"] for e in events if e["event"] == "groups" and e["reason"] == "profiled")
@@ -458,7 +467,7 @@ def test_when_half_the_workers_look_slow_the_split_is_taken_on_the_profiles_as_w
         fast_config, tmp_path):
     """Tiers of 1x and 8x: 4 of 8 look slow, so speeds are spread; the default run is the confirm_span = 0 one."""
     default = train(_gssp(fast_config), tmp_path / "d")
-    plain = train(_gssp(fast_config, "sync.confirm_span=0"), tmp_path / "p")
+    plain = train(_gssp(fast_config, "sync.gssp.confirm_span=0"), tmp_path / "p")
     assert default["groups"] == plain["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     for key in ("iterations", "final_accuracy", "group_updates", "exchanges"):
         assert default[key] == plain[key]
@@ -477,7 +486,7 @@ def test_sustained_slowdown_is_regrouped_within_bounded_iterations(fast_config, 
 
 def test_transient_stragglers_do_not_cause_regrouping(fast_config, tmp_path):
     cfg = _gssp(fast_config, "run.max_time_s=40", "cluster.stragglers.probability=0.05",
-                "cluster.stragglers.slowdown=4", "cluster.stragglers.duration=3", "sync.profile_iterations=10")
+                "cluster.stragglers.slowdown=4", "cluster.stragglers.duration=3", "sync.gssp.profile_iterations=10")
     summary = train(cfg, tmp_path / "r")
     events = read_jsonl(tmp_path / "r" / "metrics.jsonl")
     assert sum(1 for e in events if e["event"] == "iteration" and e["worker"] == 0) > 1000
@@ -508,7 +517,7 @@ def test_gssp_trains_and_evaluates_the_mean_of_the_replicas(fast_config, tmp_pat
 
 def test_staleness_counts_every_update_a_received_delta_holds(fast_config, tmp_path):
     """A group of one worker sees no staleness of its own: only its peers' deltas, exchange_every updates each."""
-    cfg = _gssp(fast_config, "cluster.workers=4", "cluster.speeds=[1, 8, 8, 8]", "sync.exchange_every=4",
+    cfg = _gssp(fast_config, "cluster.workers=4", "cluster.speeds=[1, 8, 8, 8]", "sync.gssp.exchange_every=4",
                 "run.max_time_s=10")
     summary = train(cfg, tmp_path / "r")
     assert summary["groups"] == [[0], [1, 2, 3]]
@@ -523,7 +532,7 @@ def test_a_group_does_not_wait_for_its_transient_stragglers(fast_config, tmp_pat
     straggle = ("cluster.stragglers.probability=0.05", "cluster.stragglers.slowdown=4",
                 "cluster.stragglers.duration=5", "run.max_time_s=20")
     excused = train(_gssp(fast_config, *straggle), tmp_path / "on")
-    waited = train(_gssp(fast_config, *straggle, "sync.transient_factor=0"), tmp_path / "off")
+    waited = train(_gssp(fast_config, *straggle, "sync.gssp.transient_factor=0"), tmp_path / "off")
     for summary in (excused, waited):  # a slow spell while profiling may split a third group, merged later
         assert [g for g in summary["groups"] if g] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     wait = lambda s: sum(p["wait_s"] for p in s["per_worker"])  # noqa: E731
@@ -535,8 +544,8 @@ def test_paced_groups_let_members_of_steadily_different_speeds_run_at_their_own(
     """1x and 1.4x workers share a group (under split_ratio 1.5): plain SSP runs both at the 1.4x pace, paced
     SSP each at its own; the groups and the slow group's pace are the same either way."""
     mixed = ("cluster.speeds=[1, 1, 1.4, 1.4, 8, 8, 8, 8]", "run.max_time_s=20")
-    paced = train(_gssp(fast_config, *mixed, "sync.paced=true"), tmp_path / "paced")
-    plain = train(_gssp(fast_config, *mixed, "sync.paced=false"), tmp_path / "plain")
+    paced = train(_gssp(fast_config, *mixed, "sync.gssp.paced=true"), tmp_path / "paced")
+    plain = train(_gssp(fast_config, *mixed, "sync.gssp.paced=false"), tmp_path / "plain")
     for summary in (paced, plain):
         assert summary["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     its = lambda s, w: s["per_worker"][w]["iterations"]  # noqa: E731
@@ -564,13 +573,13 @@ def test_a_share_change_keeps_what_the_velocity_still_moves(before, after):
 
 def test_a_global_exchange_clock_sends_in_proportion_to_each_groups_share_of_updates():
     """Shares from the profile: 3 workers at 0.1 s make 30 updates/s, one at 1.0 s makes 1 (of 31)."""
-    p = GSSP(4, staleness=1, exchange_every=4, profile_iterations=1, exchange_clock="global")
+    p = gssp(4, staleness=1, exchange_every=4, profile_iterations=1, exchange_clock="global")
     _profile(p, [0.1, 0.1, 0.1, 1.0], rounds=1)
     assert p.initial_split() == [[0, 1, 2], [3]]
     assert p.exchange_periods() == [round(4 * 30 / 31 * 2), 1]  # the slow group sends every update of its own
     assert [p.local_update(1) for _ in range(2)] == [True, True]
     assert [p.local_update(0) for _ in range(8)] == [False] * 7 + [True]
-    own = GSSP(4, staleness=1, exchange_every=4, profile_iterations=1)
+    own = gssp(4, staleness=1, exchange_every=4, profile_iterations=1)
     _profile(own, [0.1, 0.1, 0.1, 1.0], rounds=1)
     own.initial_split()
     assert own.exchange_periods() == [4, 4]  # the paper's clock: own updates only

@@ -50,22 +50,22 @@ def test_periodic_schedule_plans_everything_every_h_clocks():
 def test_localsgd_with_one_local_step_equals_bsp(optimizer):
     rounds = ["run.max_iterations=12"]  # 3 rounds of 4 workers
     bsp, _ = run_sim("sync.scheme=bsp", *rounds, *optimizer)
-    local, summary = run_sim("sync.scheme=localsgd", "sync.local_steps=1", *rounds, *optimizer)
+    local, summary = run_sim("sync.scheme=localsgd", "sync.localsgd.local_steps=1", *rounds, *optimizer)
     assert summary["iterations"] == 12
     assert torch.equal(bsp.model_state()[0], local.model_state()[0])
 
 
 def test_diloco_with_outer_lr_1_and_no_momentum_equals_localsgd():
-    common = ["sync.local_steps=4", "run.max_iterations=48"]
+    common = ["sync.localsgd.local_steps=4", "sync.diloco.local_steps=4", "run.max_iterations=48"]
     local, _ = run_sim("sync.scheme=localsgd", *common)
-    diloco, _ = run_sim("sync.scheme=diloco", "sync.outer_lr=1", "sync.outer_momentum=0", *common)
+    diloco, _ = run_sim("sync.scheme=diloco", "sync.diloco.outer_lr=1", "sync.diloco.outer_momentum=0", *common)
     assert torch.allclose(local.model_state()[0], diloco.model_state()[0], atol=1e-6)
     outer, _ = run_sim("sync.scheme=diloco", *common)  # the default outer step (0.7, Nesterov 0.9) differs
     assert not torch.allclose(local.model_state()[0], outer.model_state()[0], atol=1e-4)
 
 
 def test_localsgd_sends_only_at_syncs_and_the_server_holds_the_mean_model():
-    backend, summary = run_sim("sync.scheme=localsgd", "sync.local_steps=5", "run.max_iterations=20")
+    backend, summary = run_sim("sync.scheme=localsgd", "sync.localsgd.local_steps=5", "run.max_iterations=20")
     params = backend.setup.engine.num_params
     assert summary["iterations"] == 20
     assert summary["bytes_up"] == 4 * 4 * params  # one sync per worker, a full model change each

@@ -146,3 +146,68 @@ def test_the_example_plugin_model_trains_from_the_cli(tmp_path):
     assert summary["stop_reason"] == "target_reached"
     model = shoal.load_model(out)
     assert model[0].out_channels == 8
+
+
+# -- a user's own compressor and scheme (python:FILE.py:CLASS) -------------------------------------------------
+
+INT8 = f"python:{ROOT}/examples/plugins/int8_quantizer.py:Int8Quantizer"
+QSSP = f"python:{ROOT}/examples/plugins/quantile_ssp.py:QuantileSSP"
+TIERED = FAST + ["cluster.speeds=[1, 1, 2, 6]", "run.stop_at_target=false", "run.max_time_s=3"]
+
+
+def test_a_plugin_compressor_trains_from_the_cli_and_sends_a_quarter_of_the_bytes(tmp_path):
+    runs = {}
+    for name, extra in (("dense", []), ("int8", [f'compression.method="{INT8}"', "compression.options={levels = 127}"])):
+        out = tmp_path / name
+        done = shoal_cli("train", "--out", str(out), "-q", *[a for o in TIERED + extra for a in ("--set", o)])
+        assert done.returncode == 0, done.stderr
+        runs[name] = json.loads((out / "summary.json").read_text())
+    dense, int8 = runs["dense"], runs["int8"]
+    per_iteration = [r["bytes_up"] / r["iterations"] for r in (dense, int8)]
+    assert per_iteration[1] / per_iteration[0] == pytest.approx(0.25, abs=0.01)  # int8 values + one scale per tensor
+    assert int8["best_accuracy"] > 0.5  # it trains
+
+
+def test_a_plugin_scheme_at_quantile_0_is_ssp_bit_for_bit_and_at_the_median_waits_less(tmp_path):
+    runs = {}
+    for name, overrides in (("ssp", ["sync.scheme=ssp", "sync.ssp.staleness=1"]),
+                            ("q0", [f'sync.scheme="{QSSP}"', "sync.options={staleness = 1, quantile = 0.0}"]),
+                            ("median", [f'sync.scheme="{QSSP}"', "sync.options={staleness = 1, quantile = 0.5}"])):
+        runs[name] = shoal.train(None, out=tmp_path / name, overrides=TIERED + overrides, progress=False).summary
+    assert runs["q0"]["scheme"] == QSSP
+    for key in ("iterations", "final_accuracy", "bytes_up", "elapsed_s"):
+        assert runs["q0"][key] == runs["ssp"][key], key
+    waited = {name: sum(w["wait_s"] for w in s["per_worker"]) for name, s in runs.items()}
+    assert waited["median"] < waited["ssp"] and runs["median"]["iterations"] > runs["ssp"]["iterations"]
+
+
+@pytest.mark.parametrize("setting, message", [
+    (f'sync.scheme="{INT8}"', "Int8Quantizer is not a shoal.sync.SyncPolicy subclass"),
+    (f'compression.method="{QSSP}"', "QuantileSSP is not a shoal.compress.Compressor subclass"),
+    ("compression.method=\"python:{d}/my_model.py:build\"", "build is not a shoal.compress.Compressor subclass"),
+    (f'compression.method="{INT8}"|compression.options={{levels = 500}}', "raised ValueError: levels must be in 1..127"),
+    (f'sync.scheme="{QSSP}"|sync.options={{colour = 1}}', "raised TypeError"),
+    ("sync.options={k = 2}", "sync.options: only a python: plug-in takes options, not 'bsp'"),
+    ("compression.method=\"python:{d}/missing.py:Codec\"", "file {d}/missing.py not found"),
+])
+def test_a_bad_plugin_compressor_or_scheme_is_one_line_exit_2(plugins, tmp_path, setting, message):
+    out = tmp_path / "run"
+    settings = setting.replace("{d}", str(plugins)).split("|")
+    done = shoal_cli("train", "--out", str(out), *[a for o in FAST + settings for a in ("--set", o)])
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr
+    assert message.replace("{d}", str(plugins)) in lines[0]
+    assert not out.exists()
+
+
+def test_a_plugin_scheme_is_a_compare_base(tmp_path):
+    out = tmp_path / "cmp"
+    done = shoal_cli("compare", "--schemes", f"ssp,{QSSP}@sync.options.quantile=0.5,bsp+{INT8}", "--out", str(out),
+                     *[a for o in TIERED for a in ("--set", o)])
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((out / "compare.json").read_text())["rows"]
+    assert [r["scheme"] for r in rows] == ["ssp", "QuantileSSP@sync.options.quantile=0.5", "bsp+Int8Quantizer"]
+    assert [r["sync_scheme"] for r in rows] == ["ssp", QSSP, "bsp"]
+    assert (out / "bsp+Int8Quantizer" / "summary.json").is_file()
+    assert rows[1]["iterations"] > rows[0]["iterations"]  # nobody waits for the slowest

@@ -183,7 +183,7 @@ def test_paced_gssp_groups_on_ray_let_the_faster_member_run_ahead(ray_session):
     ratios = {}
     for paced in ("true", "false"):
         cfg = ray_config("sync.scheme=gssp", "cluster.speeds=[1, 1.4, 4, 4]", "run.stop_at_target=false",
-                         "run.max_time_s=4", f"sync.paced={paced}")
+                         "run.max_time_s=4", f"sync.gssp.paced={paced}")
         _, summary = run_backend(cfg)
         assert summary["groups"] == [[0, 1], [2, 3]]
         its = [w["iterations"] for w in summary["per_worker"]]
@@ -200,7 +200,7 @@ def test_gssp_keeps_an_equal_speed_cluster_with_slow_spells_in_one_group(ray_ses
     cfg = ray_config("sync.scheme=gssp", "cluster.profile=uniform", "cluster.compute_s=0.05",
                      "cluster.stragglers.probability=0.1", "cluster.stragglers.slowdown=4",
                      "cluster.stragglers.duration=5", "run.seed=0", "run.stop_at_target=false", "run.max_time_s=4",
-                     f"sync.confirm_span={confirm}")
+                     f"sync.gssp.confirm_span={confirm}")
     train(cfg, tmp_path / "r")
     first = next(e for e in read_jsonl(tmp_path / "r" / "metrics.jsonl")
                  if e["event"] == "groups" and e["reason"] == "profiled")
@@ -216,7 +216,7 @@ def test_gssp_splits_into_no_more_group_servers_than_the_cpus_hold(ray_session, 
     cfg = ray_config("sync.scheme=gssp", "cluster.workers=8", "backend.cpus_per_worker=0.2",
                      "cluster.profile=uniform", "cluster.compute_s=0.05", "cluster.stragglers.probability=0.1",
                      "cluster.stragglers.slowdown=4", "cluster.stragglers.duration=5", "run.seed=4",
-                     "sync.confirm_span=0", "run.stop_at_target=false", "run.max_time_s=3")
+                     "sync.gssp.confirm_span=0", "run.stop_at_target=false", "run.max_time_s=3")
     ActorPool.clear()  # actors kept from other tests hold CPUs, and these would hold them for the next
     try:
         summary = train(cfg, tmp_path / "r")
@@ -250,12 +250,24 @@ def test_every_scheme_and_compressor_runs(ray_session, extra):
 
 @pytest.mark.parametrize("scheme", ["localsgd", "diloco"])
 def test_local_sgd_and_diloco_train_on_ray_and_send_only_at_syncs(ray_session, scheme):
-    backend, summary = run_backend(ray_config(f"sync.scheme={scheme}", "sync.local_steps=4", "run.max_time_s=3",
+    backend, summary = run_backend(ray_config(f"sync.scheme={scheme}", f"sync.{scheme}.local_steps=4", "run.max_time_s=3",
                                               "run.target_accuracy=0.99"))
     assert summary["scheme"] == scheme and summary["final_accuracy"] > 0.6
     syncs = summary["iterations"] / 4  # one full model change per worker and period, nothing in between
     assert summary["bytes_up"] <= (syncs + 4) * 4 * summary["params"]
     assert "similarity" not in summary
+
+
+def test_a_plugin_compressor_and_scheme_train_on_ray(ray_session, tmp_path):
+    """The user's classes are loaded in the server and worker actors; the compressor's bytes are a quarter of dense."""
+    plugins = ROOT / "examples" / "plugins"
+    cfg = ray_config(f'sync.scheme="python:{plugins}/quantile_ssp.py:QuantileSSP"',
+                     "sync.options={staleness = 2, quantile = 0.5}",
+                     f'compression.method="python:{plugins}/int8_quantizer.py:Int8Quantizer"', "run.max_time_s=30")
+    summary = train(cfg, tmp_path / "run")
+    assert summary["backend"] == "ray" and summary["scheme"].endswith("quantile_ssp.py:QuantileSSP")
+    assert summary["stop_reason"] == "target_reached"
+    assert summary["bytes_up"] <= 0.26 * summary["iterations"] * 4 * summary["params"]
 
 
 def test_a_plugin_model_from_a_folder_outside_the_project_trains_on_ray(ray_session, tmp_path):
@@ -476,6 +488,27 @@ def test_checkpoint_stop_resume_reaches_target(ray_session, tmp_path):
     assert after["accuracy"] >= before["accuracy"]
     restored = next(e for e in events[at:] if e["event"] == "data_positions")
     assert restored["positions"] == {w: position_digest(p) for w, p in positions.items()}  # seeked exactly there
+
+
+def test_a_checkpoint_keeps_each_workers_compressor_state_and_a_resume_restores_it(ray_session, tmp_path):
+    """Error feedback's residuals go into the checkpoint beside the data position and come back on resume."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    topk = ("compression.method=topk", "compression.density=0.05", "optimizer.lr=0.02", "run.target_accuracy=0.85")
+    train(ray_config(*topk, "run.max_time_s=0.6", "backend.checkpoint_every_s=0.2"), out)
+    folder, state = checkpoint.latest(out / "checkpoint")
+    positions = state["positions"]
+    for w, position in positions.items():
+        assert position["codec"] == f"worker-{w}.safetensors"
+        saved = load_file(folder / position["codec"])
+        assert any(k.startswith("memory.residual.") for k in saved) and all(t.isfinite().all() for t in saved.values())
+    resumed = train(ray_config(*topk, "run.max_time_s=30", "backend.checkpoint_every_s=0.2"), out, resume=out)
+    assert resumed["stop_reason"] == "target_reached"
+    events = read_jsonl(out / "metrics.jsonl")
+    at = next(i for i, e in enumerate(events) if e["event"] == "resume")
+    restored = next(e for e in events[at:] if e["event"] == "data_positions")
+    assert restored["positions"] == {w: position_digest(p) for w, p in positions.items()}  # codec file included
 
 
 @pytest.mark.slow

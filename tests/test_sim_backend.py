@@ -73,7 +73,7 @@ def test_bsp_on_allreduce_is_the_same_math_at_the_ring_all_reduces_cost(fast_con
 
 
 def test_ssp_keeps_clock_spread_within_the_bound(fast_config, tmp_path):
-    cfg = fast_config("sync.scheme=ssp", "sync.staleness=2", "cluster.speeds=[1, 1, 3, 7]", "run.stop_at_target=false")
+    cfg = fast_config("sync.scheme=ssp", "sync.ssp.staleness=2", "cluster.speeds=[1, 1, 3, 7]", "run.stop_at_target=false")
     train(cfg, tmp_path / "r")
     clocks = {w: 0 for w in range(4)}
     for event in read_jsonl(tmp_path / "r" / "metrics.jsonl"):

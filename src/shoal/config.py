@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import tomllib
+import warnings
 from pathlib import Path
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -17,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator,
                       model_validator)
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigDeprecation, ConfigError
 from shoal.registry import COMPRESSORS, PLANNERS, SCHEMES, Registry
 
 __all__ = ["Config", "ConfigError", "build_config", "load_config", "to_toml"]
@@ -225,10 +226,18 @@ class ClusterConfig(Section):
 
 
 def _registered(registry: Registry[Any], value: str, *also: str) -> str:
-    """``value`` if ``registry`` (or ``also``) knows it, else a one-line error listing what it knows."""
+    """``value`` if ``registry`` (or ``also``) knows it or it is a plug-in that meets the protocol (its file path
+    made absolute), else a one-line error listing what it knows."""
+    from shoal.plugins import is_plugin, resolve_spec
+
     if value in also or value in registry:
         return value
-    raise ValueError(f"unknown {registry.kind} {value!r}; use one of {', '.join((*also, *registry.names()))}")
+    if is_plugin(value):
+        spec = resolve_spec(value)
+        registry.plugin(spec)  # imports the user's class and checks it: a ConfigError (a ValueError) when it does not fit
+        return spec
+    raise ValueError(f"unknown {registry.kind} {value!r}; use one of {', '.join((*also, *registry.names()))} "
+                     f"or python:FILE.py:CLASS")
 
 
 def _choices(registry: Registry[Any], *also: str) -> Callable[[dict[str, Any]], None]:
@@ -240,35 +249,33 @@ def _choices(registry: Registry[Any], *also: str) -> Callable[[dict[str, Any]], 
     return add
 
 
-class SyncConfig(Section):
-    scheme: str = Field("bsp", description="Synchronisation scheme, one of the registered ones (localsgd: average models every local_steps; diloco: outer Nesterov step on the averaged change).", json_schema_extra=_choices(SCHEMES))
-    local_steps: int = Field(8, ge=1, description="localsgd, diloco: local optimizer steps between two averagings (H).")
-    intra_group: Literal["server", "allreduce"] = Field("server", description="bsp and gssp: how a group combines its gradients. server: workers pull from and push to a (group) parameter server (GSSP: SSP inside each group, as the paper); allreduce: the group is synchronous, every member keeps its own replica and optimizer and the gradients are ring all-reduced (on ray: torch.distributed DDP, gloo on CPU, NCCL on GPU; on sim: a ring all-reduce's cost); GSSP groups still exchange their own deltas asynchronously, dense, and nobody is excused as a transient straggler.")
-    outer_lr: float = Field(0.7, gt=0, description="diloco: learning rate of the outer Nesterov SGD on the averaged pseudo-gradient (DiLoCo: 0.7).")
-    outer_momentum: float = Field(0.9, ge=0, lt=1, description="diloco: Nesterov momentum of the outer step (DiLoCo: 0.9).")
-    staleness: int = Field(3, ge=0, description="SSP bound s (also inside GSSP groups): at most s iterations ahead of the slowest.")
-    groups: int | Literal["auto"] = Field("auto", description="GSSP: number of groups, or auto (fewest whose fit reaches group_threshold).")
-    group_threshold: float = Field(0.95, gt=0, le=1, description="GSSP auto grouping: goodness of variance fit to reach (on log iteration times).")
-    max_groups: int = Field(8, ge=1, description="GSSP auto grouping: most groups to consider.")
-    group_momentum: Literal["server", "global", "busiest"] = Field("busiest", description="GSSP with SGD momentum: server = each group server's own momentum, as the paper (collapses when groups are small and slow); global = each group server decays its momentum on the clock of all updates, so momentum acts per sample as on one server; busiest = every group server decays its momentum as the busiest one does under global, so no group takes larger steps per update than the busiest (docs/gssp.md). Every mode moves each gradient by lr / (1 - momentum) in total.")
-    exchange_every: int = Field(4, ge=1, description="GSSP: a group server sends its own delta to its peers every this many local updates.")
-    exchange_clock: Literal["own", "global"] = Field("own", description="GSSP: own = every group server sends after exchange_every of its own updates (the paper); global = after a number of its own updates in proportion to its share of all updates (exchange_every for a group of average share), so every group sends about equally often in time and a slow group's delta is not stale when it arrives.")
-    paced: bool = Field(True, description="GSSP on group servers: SSP clocks inside a group run at each member's profiled pace (its iteration time over the group's slowest), so members of steadily different speeds do not wait for each other and only one slower than its profile holds the group back; false = plain SSP in each group, as the paper (a group then runs at its slowest member's pace).")
-    profile_iterations: int = Field(3, ge=1, description="GSSP: iterations per worker measured before the first grouping.")
-    confirm_span: float = Field(48.0, ge=0, description="GSSP (with transient_factor > 0): a worker whose profile is over split_ratio times the fastest is split off by the first grouping (or moved to a slower group later) only once every one of its iterations was that slow for this many of the fastest worker's iteration times in a row, and nobody waits for it before the split; a slow spell is not a slow worker (docs/gssp.md); 0 = split on the profile alone.")
-    confirm_fraction: float = Field(0.5, gt=0, le=1, description="GSSP with confirm_span: slow-looking workers confirm only when fewer than this share of the workers look slow once all are profiled (spells hit a few workers at a time); when more look slow, speeds are spread and the split is taken on the profiles at once, as with confirm_span = 0 (1 = always confirm).")
-    profile_window: int = Field(20, ge=1, description="GSSP: a worker's speed is the 20th percentile of its last this many iteration times.")
-    regroup: bool = Field(True, description="GSSP: move workers when their observed speed drifts.")
-    regroup_margin: float = Field(0.05, ge=0, le=1, description="GSSP: how much better (in fit) a new grouping must be to move workers.")
-    regroup_patience: int = Field(3, ge=1, description="GSSP: consecutive checks a better grouping must persist (absorbs transient stragglers).")
-    regroup_cooldown_s: float = Field(5.0, ge=0, description="GSSP: seconds (virtual on sim) after a regroup before the next one may happen.")
-    transient_factor: float = Field(2.0, ge=0, description="GSSP: an iteration over this many times a worker's profiled speed makes it a transient straggler that its group does not wait for until it runs at its usual speed again (0 = off, as the paper).")
-    split_ratio: float = Field(1.5, ge=1, description="GSSP auto grouping: neighbouring groups' median iteration times must differ by at least this factor, else they merge (1 = no floor).")
+class SSPOptions(Section):
+    """``[sync.ssp]``: stale-synchronous parallel."""
 
-    @field_validator("scheme")
-    @classmethod
-    def _known_scheme(cls, v: str) -> str:
-        return _registered(SCHEMES, v)
+    staleness: int = Field(3, ge=0, description="The bound s: a worker may be at most s iterations ahead of the slowest.")
+
+
+class GSSPOptions(Section):
+    """``[sync.gssp]``: grouped SSP, the defaults GSSP runs with (its constructor takes this section)."""
+
+    staleness: int = Field(3, ge=0, description="The SSP bound s inside each group: at most s iterations ahead of the slowest.")
+    groups: int | Literal["auto"] = Field("auto", description="Number of groups, or auto (fewest whose fit reaches group_threshold).")
+    group_threshold: float = Field(0.95, gt=0, le=1, description="Auto grouping: goodness of variance fit to reach (on log iteration times).")
+    max_groups: int = Field(8, ge=1, description="Auto grouping: most groups to consider.")
+    group_momentum: Literal["server", "global", "busiest"] = Field("busiest", description="With SGD momentum: server = each group server's own momentum, as the paper (collapses when groups are small and slow); global = each group server decays its momentum on the clock of all updates, so momentum acts per sample as on one server; busiest = every group server decays its momentum as the busiest one does under global, so no group takes larger steps per update than the busiest (docs/gssp.md). Every mode moves each gradient by lr / (1 - momentum) in total.")
+    exchange_every: int = Field(4, ge=1, description="A group server sends its own delta to its peers every this many local updates.")
+    exchange_clock: Literal["own", "global"] = Field("own", description="own = every group server sends after exchange_every of its own updates (the paper); global = after a number of its own updates in proportion to its share of all updates (exchange_every for a group of average share), so every group sends about equally often in time and a slow group's delta is not stale when it arrives.")
+    paced: bool = Field(True, description="On group servers: SSP clocks inside a group run at each member's profiled pace (its iteration time over the group's slowest), so members of steadily different speeds do not wait for each other and only one slower than its profile holds the group back; false = plain SSP in each group, as the paper (a group then runs at its slowest member's pace).")
+    profile_iterations: int = Field(3, ge=1, description="Iterations per worker measured before the first grouping.")
+    confirm_span: float = Field(48.0, ge=0, description="With transient_factor > 0: a worker whose profile is over split_ratio times the fastest is split off by the first grouping (or moved to a slower group later) only once every one of its iterations was that slow for this many of the fastest worker's iteration times in a row, and nobody waits for it before the split; a slow spell is not a slow worker (docs/gssp.md); 0 = split on the profile alone.")
+    confirm_fraction: float = Field(0.5, gt=0, le=1, description="With confirm_span: slow-looking workers confirm only when fewer than this share of the workers look slow once all are profiled (spells hit a few workers at a time); when more look slow, speeds are spread and the split is taken on the profiles at once, as with confirm_span = 0 (1 = always confirm).")
+    profile_window: int = Field(20, ge=1, description="A worker's speed is the 20th percentile of its last this many iteration times.")
+    regroup: bool = Field(True, description="Move workers when their observed speed drifts.")
+    regroup_margin: float = Field(0.05, ge=0, le=1, description="How much better (in fit) a new grouping must be to move workers.")
+    regroup_patience: int = Field(3, ge=1, description="Consecutive checks a better grouping must persist (absorbs transient stragglers).")
+    regroup_cooldown_s: float = Field(5.0, ge=0, description="Seconds (virtual on sim) after a regroup before the next one may happen.")
+    transient_factor: float = Field(2.0, ge=0, description="An iteration over this many times a worker's profiled speed makes it a transient straggler that its group does not wait for until it runs at its usual speed again (0 = off, as the paper).")
+    split_ratio: float = Field(1.5, ge=1, description="Auto grouping: neighbouring groups' median iteration times must differ by at least this factor, else they merge (1 = no floor).")
 
     @field_validator("groups")
     @classmethod
@@ -276,6 +283,68 @@ class SyncConfig(Section):
         if isinstance(v, int) and v < 1:
             raise ValueError("must be a positive count or \"auto\"")
         return v
+
+
+class LocalSGDOptions(Section):
+    """``[sync.localsgd]``: periodic model averaging."""
+
+    local_steps: int = Field(8, ge=1, description="Local optimizer steps between two averagings (H).")
+
+
+class DiLoCoOptions(Section):
+    """``[sync.diloco]``: an outer Nesterov step on the averaged change."""
+
+    local_steps: int = Field(8, ge=1, description="Inner optimizer steps between two outer steps (H).")
+    outer_lr: float = Field(0.7, gt=0, description="Learning rate of the outer Nesterov SGD on the averaged pseudo-gradient (DiLoCo: 0.7).")
+    outer_momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum of the outer step (DiLoCo: 0.9).")
+
+
+#: the scheme sections of [sync], by the scheme they configure
+SCHEME_SECTIONS = ("ssp", "gssp", "localsgd", "diloco")
+
+
+class SyncConfig(Section):
+    scheme: str = Field("bsp", description="Synchronisation scheme, one of the registered ones (localsgd: average models every local_steps; diloco: outer Nesterov step on the averaged change), or a plug-in: python:FILE.py:CLASS (docs/extending.md).", json_schema_extra=_choices(SCHEMES))
+    intra_group: Literal["server", "allreduce"] = Field("server", description="bsp and gssp: how a group combines its gradients. server: workers pull from and push to a (group) parameter server (GSSP: SSP inside each group, as the paper); allreduce: the group is synchronous, every member keeps its own replica and optimizer and the gradients are ring all-reduced (on ray: torch.distributed DDP, gloo on CPU, NCCL on GPU; on sim: a ring all-reduce's cost); GSSP groups still exchange their own deltas asynchronously, dense, and nobody is excused as a transient straggler.")
+    options: dict[str, Any] = Field({}, description="Keyword arguments passed through to a python: scheme's constructor (after the workers).")
+    ssp: SSPOptions = SSPOptions()
+    gssp: GSSPOptions = GSSPOptions()
+    localsgd: LocalSGDOptions = LocalSGDOptions()
+    diloco: DiLoCoOptions = DiLoCoOptions()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keys(cls, data: Any) -> Any:
+        """Accept the pre-section flat keys (``sync.paced``): move each into its scheme sections, with one deprecation line."""
+        return _move_flat_keys(data) if isinstance(data, dict) else data
+
+    @field_validator("scheme")
+    @classmethod
+    def _known_scheme(cls, v: str) -> str:
+        return _registered(SCHEMES, v)
+
+
+def _move_flat_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a ``[sync]`` table with every flat scheme key moved into the sections that have it.
+
+    A key set in a section as well keeps the section's value (the newer
+    spelling is the more specific one).
+    """
+    data = dict(data)
+    models = {name: SyncConfig.model_fields[name].annotation for name in SCHEME_SECTIONS}
+    for key in [k for k in data if k not in SyncConfig.model_fields]:
+        owners = [name for name, model in models.items() if key in model.model_fields]
+        if not owners:
+            continue
+        value = data.pop(key)
+        for name in owners:
+            section = data.get(name)
+            section = dict(section) if isinstance(section, dict) else {}
+            section.setdefault(key, value)
+            data[name] = section
+        new = " and ".join(f"sync.{name}.{key}" for name in owners)
+        warnings.warn(ConfigDeprecation(f"sync.{key} is deprecated: use {new}"), stacklevel=2)
+    return data
 
 
 class GDTopKConfig(Section):
@@ -311,7 +380,8 @@ class SimilarityConfig(Section):
 
 
 class CompressionConfig(Section):
-    method: str = Field("none", description="Compressor for worker uploads: none, or one of the registered ones (gdtopk: top-k with a per-group density schedule).", json_schema_extra=_choices(COMPRESSORS, "none"))
+    method: str = Field("none", description="Compressor for worker uploads: none, one of the registered ones (gdtopk: top-k with a per-group density schedule), or a plug-in: python:FILE.py:CLASS, a shoal.compress.Compressor subclass (docs/extending.md).", json_schema_extra=_choices(COMPRESSORS, "none"))
+    options: dict[str, Any] = Field({}, description="Keyword arguments passed through to a python: compressor's constructor.")
     density: float = Field(0.01, gt=0, le=1, description="Fraction of values kept by sparsifying compressors.")
     rank: int = Field(4, ge=1, description="powersgd: rank r of the low-rank approximation of each matrix-shaped tensor.")
     momentum_correction: bool = Field(True, description="dgc with SGD momentum: workers apply the momentum before sparsifying and clear it where values were sent (DGC's momentum correction and factor masking); the server steps plain SGD.")
@@ -379,6 +449,23 @@ class Config(Section):
         if self.run.target is not None:
             return self.run.target
         return self.run.target_accuracy if self.task.metric == "accuracy" else None
+
+    @model_validator(mode="after")
+    def _plugin_options(self) -> "Config":
+        """Options only for plug-ins; a plug-in scheme is built once here, so bad options fail before the run."""
+        from shoal.plugins import call, is_plugin
+
+        for key, name, options in (("sync", self.sync.scheme, self.sync.options),
+                                   ("compression", self.compression.method, self.compression.options)):
+            if options and not is_plugin(name):
+                raise ValueError(f"{key}.options: only a python: plug-in takes options, not {name!r}")
+        if is_plugin(self.sync.scheme):
+            spec = SCHEMES[self.sync.scheme]
+            call(lambda: spec.policy(list(range(self.cluster.workers)), self.sync), "sync.scheme", self.sync.scheme)
+        if is_plugin(self.compression.method):
+            compressor = COMPRESSORS[self.compression.method]
+            call(lambda: compressor.from_config(self.compression, self.run.seed), "compression.method", self.compression.method)
+        return self
 
     @model_validator(mode="after")
     def _similarity_needs_gradients(self) -> "Config":
@@ -471,9 +558,15 @@ def _is_tag(part: str) -> bool:
 def _did_you_mean(loc: list[str]) -> str:
     """`` (did you mean 'workers'?)`` for a key one typo away from a known one, else nothing."""
     model = _section_model(loc[:-1])
-    known = list(getattr(model, "model_fields", {})) if model is not None else []
-    close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.7) if loc else []
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    fields = dict(getattr(model, "model_fields", {})) if model is not None else {}
+    known = {name: name for name in fields}
+    for section, field in fields.items():  # a key of a subsection too: sync.stalenes -> ssp.staleness
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            for name in sub.model_fields:
+                known.setdefault(name, f"{section}.{name}")
+    close = difflib.get_close_matches(loc[-1], list(known), n=1, cutoff=0.7) if loc else []
+    return f" (did you mean {known[close[0]]!r}?)" if close else ""
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -538,7 +631,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 
 def to_toml(cfg: Config) -> str:
-    """Write a resolved config as TOML (sections and one nested level)."""
+    """Write a resolved config as TOML (sections and their subsections).
+
+    Kept by hand: tomli-w writes every array one item per line (1,024
+    lines for the speeds of 1,024 workers); this writes them inline.
+    """
     lines: list[str] = []
 
     def emit(prefix: str, table: dict[str, Any]) -> None:

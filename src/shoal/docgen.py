@@ -393,7 +393,7 @@ def render(model: type[BaseModel] = Config) -> str:
         "A run is configured by a TOML file (`shoal train --config FILE`) plus any",
         "number of `--set section.key=value` overrides; every key not given takes",
         "the default below. Values of `--set` are read as TOML (`--set",
-        "cluster.speeds=[1,2,4]`, `--set sync.groups=2`), and a value that is not",
+        "cluster.speeds=[1,2,4]`, `--set sync.gssp.groups=2`), and a value that is not",
         "valid TOML is taken as a string (`--set sync.scheme=ssp`). Unknown keys,",
         "wrong types and out-of-range values are rejected before anything runs: one",
         "line naming the key, exit code 2. The resolved configuration of a run is",

@@ -13,3 +13,7 @@ class ConfigError(ValueError):
 
 class InternalError(RuntimeError):
     """A run stopped on a bug; its summary.json and metrics.jsonl (with the traceback) were written first (exit 1)."""
+
+
+class ConfigDeprecation(FutureWarning):
+    """A config key that still works under an older spelling; the CLI prints it as one ``warning:`` line."""

@@ -21,6 +21,7 @@ from typing import Any
 from shoal.errors import ConfigError
 
 PREFIX = "python:"
+_FILE_MODULE = "shoal_plugin_"  # the prefix of a plug-in file's module name
 _loaded: dict[str, Callable[..., Any]] = {}
 
 
@@ -71,7 +72,7 @@ def _import_file(target: str, what: str) -> Any:
             return importlib.import_module(path.stem)
         except ImportError:
             raise ConfigError(f"{what}: plug-in file {target} not found") from None
-    name = f"shoal_plugin_{path.stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]}"
+    name = f"{_FILE_MODULE}{path.stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]}"
     if name in sys.modules:
         return sys.modules[name]
     module_spec = importlib.util.spec_from_file_location(name, path)
@@ -84,6 +85,12 @@ def _import_file(target: str, what: str) -> Any:
         del sys.modules[name]
         raise ConfigError(f"{what}: importing {target} failed: {type(err).__name__}: {_first_line(err)}") from None
     return module
+
+
+def file_modules() -> list[Any]:
+    """The modules of the plug-in files loaded so far: their names exist only in this process, so objects of their
+    classes (a scheme's policy, a compressor) must be pickled by value to reach another process."""
+    return [module for name, module in sorted(sys.modules.items()) if name.startswith(_FILE_MODULE)]
 
 
 def _import_module(target: str, what: str) -> Any:

@@ -18,6 +18,9 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
+#: how a user's own component is named: ``python:FILE.py:CLASS`` or ``python:package.module:CLASS``
+PLUGIN_PREFIX = "python:"
+
 
 @dataclass(frozen=True)
 class Entry(Generic[T]):
@@ -36,6 +39,8 @@ class Registry(Generic[T]):
         self.home = home
         self._entries: dict[str, Entry[T]] = {}
         self._discovered = False
+        self._load_plugin: Callable[[str], T] | None = None
+        self._plugins: dict[str, T] = {}
 
     def register(self, name: str, help: str = "") -> Callable[[T], T]:
         """Decorator: ``@COMPRESSORS.register("topk", "keep the largest values")`` above a class or function."""
@@ -52,6 +57,20 @@ class Registry(Generic[T]):
         if known is not None and known.item is not item and _qualname(known.item) != _qualname(item):
             raise ValueError(f"{self.kind} {name!r} is registered twice ({_qualname(known.item)}, {_qualname(item)})")
         self._entries[name] = Entry(name, item, help)
+
+    def accept_plugins(self, load: Callable[[str], T]) -> None:
+        """Let ``python:FILE.py:CLASS`` names resolve through ``load``, which imports the user's class and checks
+        it against the protocol of this kind (the home package sets it: it knows the protocol)."""
+        self._load_plugin = load
+
+    def plugin(self, spec: str) -> T:
+        """The item of a ``python:`` spec, loaded and checked once per process (a ConfigError when it does not fit)."""
+        self._discover()
+        if self._load_plugin is None:
+            raise ValueError(f"a {self.kind} cannot be a python: plug-in")
+        if spec not in self._plugins:
+            self._plugins[spec] = self._load_plugin(spec)
+        return self._plugins[spec]
 
     def _discover(self) -> None:
         if self._discovered:
@@ -76,12 +95,16 @@ class Registry(Generic[T]):
         return iter(self.names())
 
     def __getitem__(self, name: str) -> T:
+        if name.startswith(PLUGIN_PREFIX):
+            return self.plugin(name)
         entries = self.entries()
         if name not in entries:
             raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(entries)}")
         return entries[name].item
 
     def get(self, name: str) -> T | None:
+        if name.startswith(PLUGIN_PREFIX):
+            return self.plugin(name)
         entry = self.entries().get(name)
         return None if entry is None else entry.item
 

@@ -72,8 +72,8 @@ class Strategy:
     @property
     def outer_step(self) -> tuple[float, float] | None:
         """The server's outer optimizer (lr, Nesterov momentum) on the mean change (DiLoCo), else None."""
-        sync = self.cfg.sync
-        return (sync.outer_lr, sync.outer_momentum) if self.scheme.outer else None
+        outer = self.scheme.outer
+        return None if outer is None else outer(self.cfg.sync)
 
     @property
     def server_optimizer(self) -> OptimizerConfig:
@@ -82,8 +82,8 @@ class Strategy:
 
     def aggregation_schedule(self) -> AggregationSchedule | None:
         """A fresh plan of which tensors are aggregated at which clock: local SGD's fixed one, SIM's measured one, or None."""
-        if self.scheme.local_models:
-            return PeriodicSchedule(len(self.layout), self.cfg.sync.local_steps)
+        if self.scheme.local_steps is not None:
+            return PeriodicSchedule(len(self.layout), self.scheme.local_steps(self.cfg.sync))
         sim = self.cfg.compression.similarity
         if not sim.enabled:
             return None

@@ -11,6 +11,7 @@ import json
 import math
 import shutil
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from shoal.backends import checkpoint
@@ -162,7 +163,7 @@ class Recovery:
         self.ckpt_seq += 1
         folder = checkpoint.new_folder(root, self.ckpt_seq)
         alive = sorted(self.alive)
-        asked = {self.workers[w].position.remote(): w for w in alive}
+        asked = {self.workers[w].position.remote(str(folder)): w for w in alive}
         try:
             ray.get([s.save.remote(str(folder)) for s in self.servers])
         except ray.exceptions.ActorDiedError:  # a server died: no partial set is committed; it is replaced
@@ -211,14 +212,15 @@ class Recovery:
         self.recorder.event("resume", t=round(self.offset, 6), checkpoint=str(folder))
         return {"folder": folder, **state}
 
-    def _seek_streams(self, positions: dict[str, Any]) -> None:
-        """Each worker continues its data stream and random generators where the checkpoint left them."""
+    def _seek_streams(self, positions: dict[str, Any], folder: Path | None = None) -> None:
+        """Each worker continues its data stream, random generators and codec state where the checkpoint left them."""
         import ray
 
         if not positions:
             return
         workers = [w for w in range(self.n) if str(w) in positions]
-        now = ray.get([self.workers[w].seek.remote(positions[str(w)]) for w in workers], timeout=300)
+        where = None if folder is None else str(folder)
+        now = ray.get([self.workers[w].seek.remote(positions[str(w)], where) for w in workers], timeout=300)
         self.positions = dict(zip(workers, now))
         self.recorder.event("data_positions", t=round(self.offset, 6),
                             positions={str(w): position_digest(p) for w, p in self.positions.items()})

@@ -145,10 +145,10 @@ def start_local_ray(num_cpus: int) -> None:
 
 
 def plugin_folders(cfg: Config) -> list[str]:
-    """The folders of the run's python:FILE.py plug-ins (model, data, loss, metric)."""
+    """The folders of the run's python:FILE.py plug-ins (model, data, loss, metric, scheme, compressor)."""
     from shoal.plugins import is_plugin, split_spec
 
-    specs = [cfg.model.name, cfg.data.name, cfg.task.loss, cfg.task.metric]
+    specs = [cfg.model.name, cfg.data.name, cfg.task.loss, cfg.task.metric, cfg.sync.scheme, cfg.compression.method]
     files = [split_spec(s)[0] for s in specs if is_plugin(s)]
     return sorted({str(Path(f).parent) for f in files if f.endswith(".py")})
 
@@ -194,6 +194,7 @@ def ray_session(backend: BackendConfig, cpus_needed: float, plugin_dirs: list[st
     """
     import ray
 
+    _pickle_plugins_by_value()
     if ray.is_initialized():
         yield "existing"
         return
@@ -208,6 +209,16 @@ def ray_session(backend: BackendConfig, cpus_needed: float, plugin_dirs: list[st
         yield where
     finally:
         ray.shutdown()
+
+
+def _pickle_plugins_by_value() -> None:
+    """Send the classes of loaded plug-in files by value, so an actor can unpickle a user's policy or compressor."""
+    from ray import cloudpickle
+
+    from shoal.plugins import file_modules
+
+    for module in file_modules():
+        cloudpickle.register_pickle_by_value(module)
 
 
 @contextmanager

@@ -94,7 +94,7 @@ class ActorSetup:
         """Extra GSSP group servers to start early, so the split does not wait for processes to start."""
         if self.gssp is None:
             return 0
-        s = self.cfg.sync
+        s = self.gssp.options
         if isinstance(s.groups, int):
             return min(s.groups, self.n) - 1
         if not self.cfg.cluster.emulate:
@@ -107,7 +107,7 @@ class ActorSetup:
         c, b = self.cfg.cluster, self.cfg.backend
         peer_link = Link(c.latency_ms / 1e3, c.server_gbps * 1e9, c.emulate)
         return (index, self.strategy.server_optimizer, self._weight(),
-                self.cfg.sync.exchange_every, peer_link, actor_threads(b.cpus_per_server), self.strategy.outer_step)
+                self.cfg.sync.gssp.exchange_every, peer_link, actor_threads(b.cpus_per_server), self.strategy.outer_step)
 
     def _server_actor(self, index: int) -> Any:
         options = {"num_cpus": self.cfg.backend.cpus_per_server, "max_concurrency": 10_000}
@@ -221,7 +221,7 @@ class ActorSetup:
             self.workers[w] = self._worker_actor(w)
         self._install_servers(policies, resumed)
         if resumed is not None:
-            self._seek_streams(resumed.get("positions") or {})
+            self._seek_streams(resumed.get("positions") or {}, resumed.get("folder"))
         if self.plan is not None:
             self._start_switches()
         self._wait_ready(self.servers + self.spares + self.standby + list(self.switches.values()) + [self.evaluator])

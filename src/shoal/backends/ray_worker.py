@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 from shoal.backends.local_model import LocalModel
 from shoal.backends.ray_data import ShardRef, load_shard
@@ -157,14 +158,24 @@ class Worker:
         records, self._records = self._records, []
         return records
 
-    def position(self) -> dict[str, Any]:
-        """Where this worker's data stream and random generators stand (checkpointed; a resume seeks here)."""
-        codec_rng = self._codec_generator()
-        return {**self.stream.position(), "torch_rng": _state_text(torch.get_rng_state()),
-                "stragglers": self.stragglers.state(self.w),
-                "codec_rng": None if codec_rng is None else _state_text(codec_rng.get_state())}
+    def position(self, folder: str | None = None) -> dict[str, Any]:
+        """Where this worker's data stream and random generators stand (checkpointed; a resume seeks here).
 
-    def seek(self, position: dict[str, Any]) -> dict[str, Any]:
+        With ``folder`` (a checkpoint being written) the codecs' state goes there too, in the same call:
+        error feedback, DGC's velocities, PowerSGD's Q (``worker-<w>.safetensors``, named under "codec").
+        """
+        codec_rng = self._codec_generator()
+        where = {**self.stream.position(), "torch_rng": _state_text(torch.get_rng_state()),
+                 "stragglers": self.stragglers.state(self.w),
+                 "codec_rng": None if codec_rng is None else _state_text(codec_rng.get_state())}
+        state = self._codec_state()
+        if folder is not None and state:
+            name = f"worker-{self.w}.safetensors"
+            save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, os.path.join(folder, name))
+            where["codec"] = name
+        return where
+
+    def seek(self, position: dict[str, Any], folder: str | None = None) -> dict[str, Any]:
         """Continue from a checkpointed ``position()`` (before the loop starts); returns the position now."""
         self.stream.seek(int(position["epoch"]), int(position["offset"]))
         torch.set_rng_state(_bytes_tensor(position["torch_rng"]))
@@ -172,7 +183,25 @@ class Worker:
         codec_rng = self._codec_generator()
         if codec_rng is not None and position.get("codec_rng"):
             codec_rng.set_state(_bytes_tensor(position["codec_rng"]))
-        return self.position()
+        now = self.position()
+        if folder is not None and position.get("codec"):
+            self._load_codec_state(load_file(os.path.join(folder, position["codec"])))
+            now["codec"] = position["codec"]  # what it goes on from
+        return now
+
+    def _codec_state(self) -> dict[str, torch.Tensor]:
+        """Both codecs' state (the delta codec's under "delta."), empty without a compressor."""
+        state = {} if self.codec is None else self.codec.state_dict()
+        if self.delta_codec is not None:
+            state |= {f"delta.{k}": v for k, v in self.delta_codec.state_dict().items()}
+        return state
+
+    def _load_codec_state(self, state: dict[str, torch.Tensor]) -> None:
+        if self.codec is not None:
+            self.codec.load_state_dict({k: v for k, v in state.items() if not k.startswith("delta.")})
+        if self.delta_codec is not None:
+            self.delta_codec.load_state_dict({k.removeprefix("delta."): v for k, v in state.items()
+                                              if k.startswith("delta.")})
 
     def _codec_generator(self) -> torch.Generator | None:
         """The upload compressor's random generator (randk, qsgd, powersgd), if it has one."""

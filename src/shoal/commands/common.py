@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -12,23 +13,40 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigDeprecation, ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def user_errors_exit_2(func: F) -> F:
-    """Turn a ConfigError (bad user input) into one line on stderr and exit code 2."""
+    """Turn a ConfigError (bad user input) into one line on stderr and exit code 2; deprecations into one line each."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except ConfigError as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(2) from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", ConfigDeprecation)
+            warnings.showwarning = _deprecation_lines(warnings.showwarning)
+            try:
+                return func(*args, **kwargs)
+            except ConfigError as err:
+                typer.echo(f"error: {err}", err=True)
+                raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _deprecation_lines(show: Callable[..., None]) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that prints each config deprecation once, as ``warning: ...``, and leaves the rest to ``show``."""
+    said: set[str] = set()
+
+    def show_once(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if not issubclass(category, ConfigDeprecation):
+            show(message, category, *args, **kwargs)
+        elif str(message) not in said:
+            said.add(str(message))
+            typer.echo(f"warning: {message}", err=True)
+
+    return show_once
 
 
 def fmt_number(x: float | None, digits: int = 2) -> str:

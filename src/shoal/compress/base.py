@@ -9,6 +9,10 @@ from typing import Any
 
 import torch
 
+from shoal.errors import ConfigError
+from shoal.plugins import load_function
+from shoal.registry import COMPRESSORS
+
 
 @dataclass(frozen=True)
 class Payload:
@@ -35,10 +39,11 @@ class Compressor(ABC):
     def from_config(cls, compression: Any, seed: int) -> "Compressor":
         """One worker's instance from the ``[compression]`` section; ``seed`` is that worker's own.
 
-        The default takes no arguments; a compressor with randomness or
-        options of its own overrides this.
+        The default passes ``compression.options`` (a plug-in's own
+        keyword arguments; empty for the built-ins); a compressor with
+        randomness or options of its own overrides this.
         """
-        return cls()
+        return cls(**getattr(compression, "options", {}))
 
     @abstractmethod
     def compress(self, tensor: torch.Tensor, density: float) -> Payload:
@@ -47,6 +52,17 @@ class Compressor(ABC):
     @abstractmethod
     def decompress(self, payload: Payload) -> torch.Tensor:
         """The dense tensor the receiver reconstructs."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """What a resumed run needs to go on exactly as this one would: the random generator's state, if any
+        (compressors with per-tensor state, PowerSGD, add theirs). Tensors only, so it saves as safetensors."""
+        generator = getattr(self, "generator", None)
+        return {"generator": generator.get_state()} if isinstance(generator, torch.Generator) else {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what ``state_dict`` returned."""
+        if "generator" in state:
+            self.generator.set_state(state["generator"])
 
     def nominal_bytes(self, numel: int, density: float) -> int:
         """Payload size for a tensor of ``numel`` values without looking at values (cost mode)."""
@@ -64,6 +80,20 @@ class Compressor(ABC):
 
 class Memory(ABC):
     """Error feedback state, one residual per tensor key."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Every per-tensor state tensor, under ``<kind>.<tensor key>`` (none for ``NoMemory``)."""
+        return {f"{kind}.{key}": value for kind, table in self._tables().items() for key, value in table.items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        tables = self._tables()
+        for name, value in state.items():
+            kind, _, key = name.partition(".")
+            tables[kind][key] = value.clone()
+
+    def _tables(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The per-tensor tables that make up the state, by kind."""
+        return {}
 
     @abstractmethod
     def compensate(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -97,6 +127,9 @@ class ResidualMemory(Memory):
     def update(self, key: str, compensated: torch.Tensor, sent: torch.Tensor) -> None:
         self.residuals[key] = compensated - sent
 
+    def _tables(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {"residual": self.residuals}
+
 
 class MomentumMemory(Memory):
     """DGC's momentum correction with momentum factor masking (Lin et al., ICLR 2018).
@@ -125,3 +158,21 @@ class MomentumMemory(Memory):
         unsent = sent == 0
         self.accumulations[key] = compensated * unsent
         self.velocities[key].mul_(unsent)
+
+    def _tables(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {"velocity": self.velocities, "accumulation": self.accumulations}
+
+
+def load_plugin(spec: str) -> type[Compressor]:
+    """A user's compressor class from ``python:FILE.py:CLASS``, checked against the protocol."""
+    cls = load_function(spec, "plug-in")
+    if not (isinstance(cls, type) and issubclass(cls, Compressor)):
+        raise ConfigError(f"{spec}: {getattr(cls, '__name__', cls)!s} is not a shoal.compress.Compressor subclass "
+                          f"(it needs compress(tensor, density) -> Payload and decompress(payload) -> Tensor)")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise ConfigError(f"{spec}: {cls.__name__} does not define {', '.join(missing)}")
+    return cls
+
+
+COMPRESSORS.accept_plugins(load_plugin)

@@ -48,6 +48,18 @@ class GradientCodec:
             nbytes += payload.nbytes
         return received, nbytes
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The compressor's and the error feedback's state, as one flat dict of tensors (for safetensors):
+        a codec restored from it encodes exactly what this one would have, bit for bit."""
+        return ({f"compressor.{k}": v for k, v in self.compressor.state_dict().items()}
+                | {f"memory.{k}": v for k, v in self.memory.state_dict().items()})
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore ``state_dict``'s result into a codec built from the same config."""
+        self.compressor.load_state_dict({k.removeprefix("compressor."): v for k, v in state.items()
+                                         if k.startswith("compressor.")})
+        self.memory.load_state_dict({k.removeprefix("memory."): v for k, v in state.items() if k.startswith("memory.")})
+
     def nominal_bytes(self, density: float) -> int:
         """Payload bytes of one push without a gradient (cost mode)."""
         return sum(self.compressor.nominal_named_bytes(slot.shape, density) for slot in self.layout)

@@ -64,6 +64,14 @@ class PowerSGD(Compressor):
         self.q[name] = q
         return Payload((p.contiguous(), q.contiguous()), ("lowrank", n, m))
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The generator and each tensor's warm-start Q (losing Q restarts the power iteration from noise)."""
+        return super().state_dict() | {f"q.{name}": q for name, q in self.q.items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        super().load_state_dict(state)
+        self.q = {name.removeprefix("q."): q.clone() for name, q in state.items() if name.startswith("q.")}
+
     def compress(self, tensor: torch.Tensor, density: float) -> Payload:
         """A tensor without a useful matrix view: sent as it is."""
         return Payload((tensor.reshape(-1).clone(),), ("raw", tensor.numel()))

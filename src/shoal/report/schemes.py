@@ -5,15 +5,18 @@ A spec names a synchronisation scheme and what is layered on it, e.g.
 plan), and may pin config values after ``@`` (``bsp@optimizer.lr=0.02``),
 which also keeps those keys out of ``--tune`` for that scheme. The
 vocabulary is read from the registries (shoal.registry), so a newly
-registered scheme, compressor or planner is comparable with no line here.
+registered scheme, compressor or planner is comparable with no line here;
+a user's scheme (the base) or compressor (a modifier) is written as its
+``python:FILE.py:CLASS`` spec and names its row by the class.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from shoal.errors import ConfigError
-from shoal.registry import COMPRESSORS, PLANNERS, SCHEMES
+from shoal.registry import COMPRESSORS, PLANNERS, PLUGIN_PREFIX, SCHEMES
 
 def bases() -> dict[str, tuple[str, ...]]:
     """Every registered scheme as a base, with the override that selects it."""
@@ -41,18 +44,22 @@ class Scheme:
 
 def parse_scheme(spec: str) -> Scheme:
     """Turn ``gssp+sim@optimizer.lr=0.02`` into its overrides; ConfigError on unknown or conflicting parts."""
-    name = spec.strip()
-    body, *pins = name.split("@")
-    body = body.lower()
-    name = "@".join([body, *pins])
+    body, *pins = spec.strip().split("@")
+    parts = [p if p.startswith(PLUGIN_PREFIX) else p.lower() for p in body.split("+")]
+    name = "@".join(["+".join(_short(p) for p in parts), *pins])
     pinned = tuple(_pin(p, spec) for p in pins)
-    base, *mods = body.split("+")
+    base, *mods = parts
     known_bases, known_mods = bases(), modifiers()
+    if base.startswith(PLUGIN_PREFIX):
+        known_bases[base] = (f"sync.scheme={json.dumps(base)}",)
     if base not in known_bases:
-        raise ConfigError(f"--schemes: unknown scheme {base!r} in {spec!r}; choose from {', '.join(known_bases)}")
+        raise ConfigError(f"--schemes: unknown scheme {base!r} in {spec!r}; choose from {', '.join(known_bases)} "
+                          f"or python:FILE.py:CLASS")
     overrides = list(known_bases[base])
     keys: dict[str, str] = {}
     for mod in mods:
+        if mod.startswith(PLUGIN_PREFIX):
+            known_mods[mod] = (f"compression.method={json.dumps(mod)}",)
         if mod not in known_mods:
             raise ConfigError(f"--schemes: unknown modifier {mod!r} in {spec!r}; choose from {', '.join(known_mods)}")
         for override in known_mods[mod]:
@@ -67,6 +74,11 @@ def parse_scheme(spec: str) -> Scheme:
         keys[key] = "@"
         overrides.append(f"{key}={value}")
     return Scheme(name, tuple(overrides), pinned)
+
+
+def _short(part: str) -> str:
+    """How a part names its row and folder: a plug-in by its class (``python:x/q.py:QuantileSSP`` -> ``QuantileSSP``)."""
+    return part.rpartition(":")[2] if part.startswith(PLUGIN_PREFIX) else part
 
 
 def _pin(text: str, spec: str) -> tuple[str, str]:

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shoal.errors import ConfigError
+from shoal.plugins import load_function
 from shoal.registry import SCHEMES
 
 
@@ -144,16 +146,21 @@ class SchemeSpec:
     name: str
     policy: Callable[[Sequence[int], Any], SyncPolicy] | None = None
     coordinator: Callable[[int, Any], Any] | None = None
-    #: workers step their own model copies and average every ``sync.local_steps`` (local SGD, DiLoCo)
-    local_models: bool = False
-    #: the server takes an outer Nesterov step on the mean change (DiLoCo)
-    outer: bool = False
+    #: workers step their own model copies and average every ``local_steps(sync)`` steps (local SGD, DiLoCo)
+    local_steps: Callable[[Any], int] | None = None
+    #: the server takes an outer Nesterov step ``(lr, momentum) = outer(sync)`` on the mean change (DiLoCo)
+    outer: Callable[[Any], tuple[float, float]] | None = None
     #: synchronous rounds: may run as all-reduce groups (``sync.intra_group = "allreduce"``)
     allreduce: bool = False
     #: one synchronous round over every worker: in-network aggregation may sum it
     ina: bool = False
     #: its colour in every report (None: a stable colour from its name)
     color: str | None = None
+
+    @property
+    def local_models(self) -> bool:
+        """Whether workers keep their own model copies between averagings."""
+        return self.local_steps is not None
 
 
 def register_scheme(spec: SchemeSpec, help: str) -> SchemeSpec:
@@ -168,3 +175,24 @@ def build_policy(scheme: str, workers: Iterable[int], sync: Any) -> SyncPolicy:
     if spec.policy is None:
         raise ValueError(f"scheme {scheme!r} forms groups: build it through its coordinator")
     return spec.policy(list(workers), sync)
+
+
+def load_plugin(spec: str) -> SchemeSpec:
+    """A user's scheme from ``python:FILE.py:CLASS``: a SyncPolicy subclass built as ``CLASS(workers, **sync.options)``.
+
+    Class attributes ``allreduce``, ``ina`` and ``color`` say the same as a
+    built-in's ``SchemeSpec`` flags (default: none of them).
+    """
+    cls = load_function(spec, "plug-in")
+    if not (isinstance(cls, type) and issubclass(cls, SyncPolicy)):
+        raise ConfigError(f"{spec}: {getattr(cls, '__name__', cls)!s} is not a shoal.sync.SyncPolicy subclass "
+                          f"(it needs start_threshold(worker) and _merge(worker))")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise ConfigError(f"{spec}: {cls.__name__} does not define {', '.join(missing)}")
+    return SchemeSpec(spec, policy=lambda workers, sync: cls(workers, **sync.options),
+                      allreduce=bool(getattr(cls, "allreduce", False)), ina=bool(getattr(cls, "ina", False)),
+                      color=getattr(cls, "color", None))
+
+
+SCHEMES.accept_plugins(load_plugin)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shoal.cluster.grouping import Groups, IterationProfiler, Regrouper, canonical, choose_groups
-from shoal.config import SyncConfig
+from shoal.config import GSSPOptions
 from shoal.sync.base import SchemeSpec, SyncPolicy, register_scheme
 from shoal.sync.policies import BSP, SSP, PacedSSP
 
@@ -52,42 +52,23 @@ class GSSP:
 
     name = "gssp"
 
-    def __init__(
-        self,
-        workers: int,
-        staleness: int,
-        exchange_every: int,
-        groups: int | str = "auto",
-        threshold: float = 0.95,
-        max_groups: int = 8,
-        profile_iterations: int = 3,
-        profile_window: int = 20,
-        regroup: bool = True,
-        regroup_margin: float = 0.05,
-        regroup_patience: int = 3,
-        split_ratio: float = 1.0,
-        regroup_cooldown_s: float = 0.0,
-        transient_factor: float = 0.0,
-        confirm_span: float = 0.0,
-        confirm_fraction: float = 1.0,
-        intra_group: str = "server",
-        exchange_clock: str = "own",
-        paced: bool = False,
-        group_momentum: str = "server",
-    ) -> None:
-        self.workers, self.staleness, self.exchange_every = workers, staleness, exchange_every
+    def __init__(self, workers: int, options: GSSPOptions | None = None, intra_group: str = "server") -> None:
+        """GSSP over ``workers`` workers with the ``[sync.gssp]`` section's options (its defaults when None)."""
+        o = GSSPOptions() if options is None else options
+        self.options = o
+        self.workers, self.staleness, self.exchange_every = workers, o.staleness, o.exchange_every
         self.allreduce = intra_group == "allreduce"
-        self.paced = paced and not self.allreduce
-        self.exchange_clock = exchange_clock
-        self.group_momentum = group_momentum
-        self.groups_setting, self.threshold, self.max_groups = groups, threshold, max_groups
-        self.split_ratio = split_ratio
-        self.transient_factor = transient_factor
-        self.confirm_span, self.confirm_fraction = confirm_span, confirm_fraction
+        self.paced = o.paced and not self.allreduce
+        self.exchange_clock = o.exchange_clock
+        self.group_momentum = o.group_momentum
+        self.groups_setting, self.threshold, self.max_groups = o.groups, o.group_threshold, o.max_groups
+        self.split_ratio = o.split_ratio
+        self.transient_factor = o.transient_factor
+        self.confirm_span, self.confirm_fraction = o.confirm_span, o.confirm_fraction
         self._confirm: bool | None = None  # whether slow-looking workers confirm (decided once all are profiled)
-        self.profiler = IterationProfiler(workers, warmup=profile_iterations, window=profile_window)
-        self.regrouper = Regrouper(groups, threshold, max_groups, regroup_margin, regroup_patience, split_ratio,
-                                   regroup_cooldown_s) if regroup else None
+        self.profiler = IterationProfiler(workers, warmup=o.profile_iterations, window=o.profile_window)
+        self.regrouper = Regrouper(o.groups, o.group_threshold, o.max_groups, o.regroup_margin, o.regroup_patience,
+                                   o.split_ratio, o.regroup_cooldown_s) if o.regroup else None
         self.grouped = False
         self.groups: Groups = [list(range(workers))]
         self.policies: list[SyncPolicy] = [self.group_policy(range(workers))]
@@ -95,7 +76,7 @@ class GSSP:
         self.present: set[int] = set(range(workers))  # workers taking part now (joins and leaves change it)
         self.joined: set[int] = set()  # workers that joined after the start
         self._since_exchange = [0]
-        self._periods = [exchange_every]
+        self._periods = [o.exchange_every]
 
     @property
     def servers(self) -> int:
@@ -428,18 +409,5 @@ class GSSP:
         return slots
 
 
-def gssp_from_config(sync: SyncConfig, workers: int) -> GSSP:
-    """The GSSP policy object of a ``[sync]`` section (both backends build it this way)."""
-    return GSSP(
-        workers, sync.staleness, sync.exchange_every, groups=sync.groups, threshold=sync.group_threshold,
-        max_groups=sync.max_groups, profile_iterations=sync.profile_iterations, profile_window=sync.profile_window,
-        regroup=sync.regroup, regroup_margin=sync.regroup_margin, regroup_patience=sync.regroup_patience,
-        split_ratio=sync.split_ratio, regroup_cooldown_s=sync.regroup_cooldown_s,
-        transient_factor=sync.transient_factor, confirm_span=sync.confirm_span,
-        confirm_fraction=sync.confirm_fraction, intra_group=sync.intra_group,
-        exchange_clock=sync.exchange_clock, paced=sync.paced, group_momentum=sync.group_momentum,
-    )
-
-
-register_scheme(SchemeSpec("gssp", coordinator=lambda workers, sync: gssp_from_config(sync, workers), allreduce=True, color="#d62728"),
+register_scheme(SchemeSpec("gssp", coordinator=lambda workers, sync: GSSP(workers, sync.gssp, sync.intra_group), allreduce=True, color="#d62728"),
                 "grouped SSP: workers of similar speed form groups (SSP inside, asynchronous deltas between)")

@@ -2,9 +2,9 @@
 
 Both are baselines any heterogeneity or similarity scheme must beat: local
 SGD (Stich, 2019; Lin et al., 2020, "post-local SGD") averages the workers'
-models every ``H = sync.local_steps`` local steps; DiLoCo (Douillard et al.,
+models every ``H = sync.localsgd.local_steps`` (``sync.diloco.local_steps``) local steps; DiLoCo (Douillard et al.,
 2023) treats the averaged change as a pseudo-gradient for an outer Nesterov
-SGD step (``sync.outer_lr``, ``sync.outer_momentum``). They differ only in
+SGD step (``sync.diloco.outer_lr``, ``sync.diloco.outer_momentum``). They differ only in
 the server's merge (``Replica.add_delta`` with or without an outer
 optimizer), so one policy and one schedule serve both.
 
@@ -89,9 +89,10 @@ class PeriodicSchedule:
         return {}
 
 
-register_scheme(SchemeSpec("localsgd", policy=lambda workers, sync: LocalSGD(workers, sync.local_steps),
-                           local_models=True, color="#9467bd"),
-                "local SGD: workers step their own models and average them every sync.local_steps")
-register_scheme(SchemeSpec("diloco", policy=lambda workers, sync: LocalSGD(workers, sync.local_steps),
-                           local_models=True, outer=True, color="#8c564b"),
+register_scheme(SchemeSpec("localsgd", policy=lambda workers, sync: LocalSGD(workers, sync.localsgd.local_steps),
+                           local_steps=lambda sync: sync.localsgd.local_steps, color="#9467bd"),
+                "local SGD: workers step their own models and average them every sync.localsgd.local_steps")
+register_scheme(SchemeSpec("diloco", policy=lambda workers, sync: LocalSGD(workers, sync.diloco.local_steps),
+                           local_steps=lambda sync: sync.diloco.local_steps,
+                           outer=lambda sync: (sync.diloco.outer_lr, sync.diloco.outer_momentum), color="#8c564b"),
                 "DiLoCo: local steps, then an outer Nesterov step on the averaged change")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 
+from shoal.config import DiLoCoOptions, LocalSGDOptions, SSPOptions, SyncConfig
 from shoal.registry import SCHEMES
 from shoal.sync.base import SchemeSpec, SyncPolicy, build_policy, register_scheme
 
@@ -146,16 +147,16 @@ class BSP(SyncPolicy):
 
 def make_policy(scheme: str, workers: Iterable[int], staleness: int = 3, local_steps: int = 1) -> SyncPolicy:
     """The policy of a registered scheme from plain arguments (tests and tools; backends get theirs from the Strategy)."""
-    from types import SimpleNamespace
-
     if scheme not in SCHEMES:
         raise ValueError(f"unknown sync scheme {scheme!r}")
-    return build_policy(scheme, workers, SimpleNamespace(staleness=staleness, local_steps=local_steps))
+    sync = SyncConfig(scheme=scheme, ssp=SSPOptions(staleness=staleness), localsgd=LocalSGDOptions(local_steps=local_steps),
+                      diloco=DiLoCoOptions(local_steps=local_steps))
+    return build_policy(scheme, workers, sync)
 
 
 register_scheme(SchemeSpec("bsp", policy=lambda workers, sync: BSP(workers), allreduce=True, ina=True, color="#1f77b4"),
                 "bulk-synchronous: every round waits for every worker, then applies the mean gradient")
 register_scheme(SchemeSpec("asp", policy=lambda workers, sync: ASP(workers), color="#ff7f0e"),
                 "asynchronous: nobody waits, every gradient is applied as it arrives")
-register_scheme(SchemeSpec("ssp", policy=lambda workers, sync: SSP(workers, sync.staleness), color="#2ca02c"),
-                "stale-synchronous: at most sync.staleness iterations ahead of the slowest worker")
+register_scheme(SchemeSpec("ssp", policy=lambda workers, sync: SSP(workers, sync.ssp.staleness), color="#2ca02c"),
+                "stale-synchronous: at most sync.ssp.staleness iterations ahead of the slowest worker")
