@@ -61,7 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    from shoal.backends.ray_session import start_local_ray
+    from shoal.backends.ray.session import start_local_ray
 
     load = os.getloadavg()[0]
     start_local_ray(max(4, os.cpu_count() or 2))  # logical CPUs: 8 workers and up to 4 group servers at 0.25

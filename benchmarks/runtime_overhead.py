@@ -333,7 +333,7 @@ def main() -> None:
 
     import ray
 
-    from shoal.backends.ray_session import ActorPool, start_local_ray
+    from shoal.backends.ray.session import ActorPool, start_local_ray
 
     start_local_ray(16)  # logical CPUs: the actors' requests must fit; the real cores are shared
     ActorPool.enabled = True

@@ -102,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    from shoal.backends.ray_session import start_local_ray
+    from shoal.backends.ray.session import start_local_ray
 
     load = os.getloadavg()[0]
     start_local_ray(os.cpu_count() or 2)

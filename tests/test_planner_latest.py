@@ -10,22 +10,7 @@ from shoal.network import ALGORITHMS, build_instance, solve
 from shoal.network.topology import fat_tree, topology_from_dict
 
 from conftest import run_route
-
-
-def two_racks() -> dict:
-    """ps and w0 on tor0 (not programmable), w1..w3 on tor1 (C=300), both under spine (C=1000)."""
-    return {
-        "hosts": ["ps", "w0", "w1", "w2", "w3"],
-        "switches": [
-            {"name": "tor0", "programmable": False},
-            {"name": "tor1", "programmable": True, "capacity_gbps": 300},
-            {"name": "spine", "programmable": True, "capacity_gbps": 1000},
-        ],
-        "links": [{"a": "ps", "b": "tor0"}, {"a": "w0", "b": "tor0"}, {"a": "tor0", "b": "spine"},
-                  {"a": "tor1", "b": "spine"}] + [{"a": f"w{i}", "b": "tor1"} for i in (1, 2, 3)],
-        "ps": "ps",
-        "workers": ["w0", "w1", "w2", "w3"],
-    }
+from test_network_algorithms import two_racks  # the same two-rack topology
 
 
 def test_latest_aggregates_at_the_last_programmable_switch_by_hand():

@@ -28,11 +28,11 @@ ray = pytest.importorskip("ray")
 
 from shoal.backends import checkpoint  # noqa: E402
 from shoal.backends.ray import DRAIN_S, RayBackend  # noqa: E402
-from shoal.backends.ray_recovery import position_digest  # noqa: E402
-from shoal.backends.ray_session import ActorPool, start_local_ray  # noqa: E402
-from shoal.backends.ray_server import GroupServer  # noqa: E402
-from shoal.backends.ray_wire import Link, actor_device, actor_threads  # noqa: E402
-from shoal.backends.ray_switch import SERVER, ServerSide, worker_name  # noqa: E402
+from shoal.backends.ray.recovery import position_digest  # noqa: E402
+from shoal.backends.ray.session import ActorPool, start_local_ray  # noqa: E402
+from shoal.backends.ray.server import GroupServer  # noqa: E402
+from shoal.backends.ray.wire import Link, actor_device, actor_threads  # noqa: E402
+from shoal.backends.ray.switch import SERVER, ServerSide, worker_name  # noqa: E402
 from shoal.backends.sim import SimBackend  # noqa: E402
 from shoal.config import ConfigError, load_config  # noqa: E402
 from shoal.engine.metrics import RunRecorder  # noqa: E402
@@ -936,7 +936,7 @@ def test_an_address_where_nothing_listens_fails_in_seconds_with_one_line_and_lea
 
 
 def test_a_joined_cluster_gets_time_to_grow_then_a_too_small_one_is_refused():
-    from shoal.backends.ray_start import wait_for_cpus
+    from shoal.backends.ray.start import wait_for_cpus
 
     now = [0.0]
     clock, sleep = (lambda: now[0]), (lambda s: now.__setitem__(0, now[0] + s))
@@ -982,7 +982,7 @@ def test_ctrl_c_writes_summary_and_leaves_no_process(tmp_path):
 
 def test_sim_group_server_sends_only_fresh_tensors_and_averages_changes():
     """SIM on a group server (no Ray): the pull after a skipped clock carries nothing, the re-sync averages."""
-    from shoal.backends.ray_wire import pack
+    from shoal.backends.ray.wire import pack
     from shoal.compress.similarity import SimilaritySchedule
 
     async def scenario():

@@ -35,7 +35,7 @@ def test_signs_and_mean_magnitude_by_hand():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.floats(-1e3, 1e3, width=32), min_size=1, max_size=70))
+@given(st.lists(st.floats(-1e3, 1e3, width=32, allow_subnormal=False), min_size=1, max_size=70))
 def test_round_trip_keeps_shape_signs_and_counts_bits(values):
     signsgd = make_compressor("signsgd")
     x = torch.tensor(values)
@@ -43,7 +43,8 @@ def test_round_trip_keeps_shape_signs_and_counts_bits(values):
     out = signsgd.decompress(payload)
     assert out.shape == x.shape and payload.nbytes == 4 + math.ceil(len(values) / 8)
     assert payload.nbytes == signsgd.nominal_bytes(len(values), 0.01)
-    assert torch.equal(out >= 0, x >= 0)
+    if x.abs().mean() > 0:  # a scale that underflows to 0 (subnormal means) cannot carry a sign
+        assert torch.equal(out >= 0, x >= 0)
     assert torch.allclose(out.abs(), x.abs().mean().expand_as(x))
 
 

@@ -118,7 +118,7 @@ def check_backends(plan: list[PlannedRun]) -> None:
     if not any(p.cfg.backend.name == "ray" for p in plan):
         return
     try:
-        from shoal.backends.ray_session import validate
+        from shoal.backends.ray.session import validate
     except ImportError:  # a build without the ray backend: the runner rejects the first run, before writing
         return
     for p in plan:

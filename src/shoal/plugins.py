@@ -103,6 +103,19 @@ def _import_module(target: str, what: str) -> Any:
         raise ConfigError(f"{what}: importing {target} failed: {type(err).__name__}: {_first_line(err)}") from None
 
 
+def load_class(spec: str, base: type, needs: str) -> type:
+    """A user's class from ``spec``, checked to be a concrete subclass of ``base`` (``needs``: what it must define)."""
+    cls = load_function(spec, "plug-in")
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        where = base.__module__.rpartition(".")[0] or base.__module__
+        raise ConfigError(f"{spec}: {getattr(cls, '__name__', cls)!s} is not a {where}.{base.__name__} subclass "
+                          f"(it needs {needs})")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise ConfigError(f"{spec}: {cls.__name__} does not define {', '.join(missing)}")
+    return cls
+
+
 def call(fn: Callable[..., Any], what: str, spec: str, **kwargs: Any) -> Any:
     """Call a plug-in; an exception inside it becomes one line naming the plug-in."""
     try:

@@ -78,7 +78,7 @@ def _check_inputs(cfg: Config, out: Path, overwrite: bool, resume: Path | None) 
     if not in_place:
         check_out_dir(out, overwrite)
     if cfg.backend.name == "ray":
-        from shoal.backends.ray_session import validate
+        from shoal.backends.ray.session import validate
 
         validate(cfg)
     if cfg.run.tensorboard:
@@ -86,7 +86,7 @@ def _check_inputs(cfg: Config, out: Path, overwrite: bool, resume: Path | None) 
 
         check_available()
     if resume is not None:
-        from shoal.backends.ray_session import check_resume
+        from shoal.backends.ray.session import check_resume
 
         check_resume(cfg, resume)
     return in_place

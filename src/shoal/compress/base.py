@@ -9,8 +9,7 @@ from typing import Any
 
 import torch
 
-from shoal.errors import ConfigError
-from shoal.plugins import load_function
+from shoal.plugins import load_class
 from shoal.registry import COMPRESSORS
 
 
@@ -165,14 +164,7 @@ class MomentumMemory(Memory):
 
 def load_plugin(spec: str) -> type[Compressor]:
     """A user's compressor class from ``python:FILE.py:CLASS``, checked against the protocol."""
-    cls = load_function(spec, "plug-in")
-    if not (isinstance(cls, type) and issubclass(cls, Compressor)):
-        raise ConfigError(f"{spec}: {getattr(cls, '__name__', cls)!s} is not a shoal.compress.Compressor subclass "
-                          f"(it needs compress(tensor, density) -> Payload and decompress(payload) -> Tensor)")
-    missing = sorted(getattr(cls, "__abstractmethods__", ()))
-    if missing:
-        raise ConfigError(f"{spec}: {cls.__name__} does not define {', '.join(missing)}")
-    return cls
+    return load_class(spec, Compressor, "compress(tensor, density) -> Payload and decompress(payload) -> Tensor")
 
 
 COMPRESSORS.accept_plugins(load_plugin)

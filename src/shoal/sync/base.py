@@ -8,8 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shoal.errors import ConfigError
-from shoal.plugins import load_function
+from shoal.plugins import load_class
 from shoal.registry import SCHEMES
 
 
@@ -183,13 +182,7 @@ def load_plugin(spec: str) -> SchemeSpec:
     Class attributes ``allreduce``, ``ina`` and ``color`` say the same as a
     built-in's ``SchemeSpec`` flags (default: none of them).
     """
-    cls = load_function(spec, "plug-in")
-    if not (isinstance(cls, type) and issubclass(cls, SyncPolicy)):
-        raise ConfigError(f"{spec}: {getattr(cls, '__name__', cls)!s} is not a shoal.sync.SyncPolicy subclass "
-                          f"(it needs start_threshold(worker) and _merge(worker))")
-    missing = sorted(getattr(cls, "__abstractmethods__", ()))
-    if missing:
-        raise ConfigError(f"{spec}: {cls.__name__} does not define {', '.join(missing)}")
+    cls = load_class(spec, SyncPolicy, "start_threshold(worker) and _merge(worker)")
     return SchemeSpec(spec, policy=lambda workers, sync: cls(workers, **sync.options),
                       allreduce=bool(getattr(cls, "allreduce", False)), ina=bool(getattr(cls, "ina", False)),
                       color=getattr(cls, "color", None))

@@ -1,6 +1,6 @@
 """GSSP on the virtual clock: the first split, regroups, update shares and the exchange between group servers.
 
-A mixin of ``SimBackend`` (backends/sim.py). The pure ``GSSP`` policy
+A mixin of ``SimBackend`` (backends/sim/backend.py). The pure ``GSSP`` policy
 decides (who is grouped with whom, when a group server sends its own
 delta); these methods only carry the decisions out: new group servers
 from copies of the profiling replica, moved workers pulling their new
@@ -15,7 +15,7 @@ from typing import Any
 
 import simpy
 
-from shoal.backends.sim_server import SimServer
+from shoal.backends.sim.server import SimServer
 from shoal.sync.gssp import Move
 
 

@@ -1,6 +1,6 @@
 """All-reduce groups on ray, the driver's side: forming the groups, regrouping them, their optimizer settings.
 
-A mixin of ``RayBackend`` (backends/ray.py), used with ``sync.intra_group =
+A mixin of ``RayBackend`` (backends/ray/driver.py), used with ``sync.intra_group =
 "allreduce"``: BSP is one group of everyone; GSSP starts as one group while
 the workers are profiled and then runs the policy's groups, each its own
 process group (ray_collective). A grouping change (the split, a regroup)
@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from shoal.backends.group_exchange import StepScale
-from shoal.backends.ray_collective import CollectiveWorker, GroupPlan
-from shoal.backends.ray_session import ActorPool
+from shoal.backends.ray.collective import CollectiveWorker, GroupPlan
+from shoal.backends.ray.session import ActorPool
 from shoal.sync.gssp import Move
 
 FORM_TIMEOUT_S = 300.0

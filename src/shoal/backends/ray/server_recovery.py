@@ -1,6 +1,6 @@
 """A dead group server on ray, replaced without restarting the job.
 
-A mixin of ``RayBackend`` (backends/ray.py). A server that dies (``kill -9``,
+A mixin of ``RayBackend`` (backends/ray/driver.py). A server that dies (``kill -9``,
 its node lost) is noticed by the driver when a call to it fails (its drain,
 every ``DRAIN_S``); its workers see the same error on their pull or push and
 wait for a new route (ray_worker). The replacement starts from the freshest
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.backends import checkpoint
-from shoal.backends.ray_wire import answered, first_line
+from shoal.backends.ray.wire import answered, first_line
 
 class ServerRecovery:
     """Replaces dead group servers from a peer, the last checkpoint or the last evaluated state."""

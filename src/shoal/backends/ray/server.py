@@ -1,4 +1,4 @@
-"""The `ray` backend's group server actor (a plain class, made a Ray actor by ray.py).
+"""The `ray` backend's group server actor (a plain class, made a Ray actor by ray/driver.py).
 
 An asyncio actor. It gates its workers with the pure sync policy it holds: a
 worker that may not start yet awaits a future keyed by the slowest clock it
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from shoal.backends import checkpoint
-from shoal.backends.ray_switch import ServerSide
-from shoal.backends.ray_wire import MOVED, OK, STOP, Link, as_tensor, pack, quiet_readonly_numpy, unpack
+from shoal.backends.ray.switch import ServerSide
+from shoal.backends.ray.wire import MOVED, OK, STOP, Link, as_tensor, pack, quiet_readonly_numpy, unpack
 from shoal.compress import GradientCodec
 from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
 from shoal.config import OptimizerConfig

@@ -1,6 +1,6 @@
 """GSSP membership on ray: the split, regroups, update shares, and each worker's route and density.
 
-A mixin of ``RayBackend`` (backends/ray.py): the pure ``GSSP`` policy decides,
+A mixin of ``RayBackend`` (backends/ray/driver.py): the pure ``GSSP`` policy decides,
 this carries its decisions out on the actors, in step with the sim
 backend's ``_split`` / ``_regroup``.
 """

@@ -25,15 +25,15 @@ from typing import Any
 
 import torch
 
-from shoal.backends.ray_collective_groups import CollectiveGroups
-from shoal.backends.ray_evaluator import mean_state
-from shoal.backends.ray_membership import Membership
-from shoal.backends.ray_placement import Reservation
-from shoal.backends.ray_recovery import Recovery
-from shoal.backends.ray_server_recovery import ServerRecovery
-from shoal.backends.ray_wire import first_line
-from shoal.backends.ray_start import ActorSetup
-from shoal.backends.ray_session import ActorPool, plugin_folders, ray_session, sigterm_as_interrupt, validate
+from shoal.backends.ray.collective_groups import CollectiveGroups
+from shoal.backends.ray.evaluator import mean_state
+from shoal.backends.ray.membership import Membership
+from shoal.backends.ray.placement import Reservation
+from shoal.backends.ray.recovery import Recovery
+from shoal.backends.ray.server_recovery import ServerRecovery
+from shoal.backends.ray.wire import first_line
+from shoal.backends.ray.start import ActorSetup
+from shoal.backends.ray.session import ActorPool, plugin_folders, ray_session, sigterm_as_interrupt, validate
 from shoal.compress.similarity import similarity_summary
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary, diverged, internal_error
 from shoal.engine.setup import RunSetup

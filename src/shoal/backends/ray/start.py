@@ -1,6 +1,6 @@
 """Starting a ray run: the actors (fresh or from the kept pool), their data, the switches and first routes.
 
-A mixin of ``RayBackend`` (backends/ray.py): it reads and sets the driver's
+A mixin of ``RayBackend`` (backends/ray/driver.py): it reads and sets the driver's
 attributes, which ``RayBackend.__init__`` declares.
 """
 
@@ -13,14 +13,14 @@ from typing import Any
 
 import torch
 
-from shoal.backends.ray_data import shard_ref
-from shoal.backends.ray_evaluator import Evaluator
-from shoal.backends.ray_server import GroupServer
-from shoal.backends.ray_placement import bundle, reserve
-from shoal.backends.ray_session import ActorPool
-from shoal.backends.ray_wire import Link, actor_threads
-from shoal.backends.ray_worker import Worker
-from shoal.backends.ray_switch import SERVER, SwitchActor, worker_name
+from shoal.backends.ray.data import shard_ref
+from shoal.backends.ray.evaluator import Evaluator
+from shoal.backends.ray.server import GroupServer
+from shoal.backends.ray.placement import bundle, reserve
+from shoal.backends.ray.session import ActorPool
+from shoal.backends.ray.wire import Link, actor_threads
+from shoal.backends.ray.worker import Worker
+from shoal.backends.ray.switch import SERVER, SwitchActor, worker_name
 from shoal.cluster.grouping import choose_groups
 from shoal.errors import ConfigError
 from shoal.sync import SyncPolicy

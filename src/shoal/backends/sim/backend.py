@@ -9,7 +9,7 @@ runs without any model math.
 BSP, ASP and SSP use one server. GSSP uses one server per group; the GSSP
 policy object decides membership and when a group server sends its own
 delta to its peers, and the backend only carries out those decisions
-(sim_groups.py; sim_membership.py for workers joining and leaving).
+(sim/groups.py; sim/membership.py for workers joining and leaving).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch
 
 from shoal.cluster import StragglerModel
 from shoal.backends.local_model import LocalModel
-from shoal.backends.sim_groups import SimGroups
-from shoal.backends.sim_membership import SimMembership
-from shoal.backends.sim_server import Pulled, Push, SimServer
+from shoal.backends.sim.groups import SimGroups
+from shoal.backends.sim.membership import SimMembership
+from shoal.backends.sim.server import Pulled, Push, SimServer
 from shoal.compress import GradientCodec
 from shoal.compress.similarity import similarity_summary
 from shoal.config import Config

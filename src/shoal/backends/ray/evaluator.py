@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shoal.backends.ray_wire import actor_threads, quiet_readonly_numpy
+from shoal.backends.ray.wire import actor_threads, quiet_readonly_numpy
 from shoal.config import Config
 from shoal.engine.setup import build_engine
 from shoal.engine.task import Evaluation

@@ -58,10 +58,10 @@ import numpy as np
 import torch
 
 from shoal.backends.group_exchange import DeltaInbox, StepScale
-from shoal.backends.ray_collective_exchange import GroupExchange
-from shoal.backends.ray_data import ShardRef
-from shoal.backends.ray_wire import Link, actor_device, actor_threads, quiet_readonly_numpy
-from shoal.backends.ray_worker import worker_shard
+from shoal.backends.ray.collective_exchange import GroupExchange
+from shoal.backends.ray.data import ShardRef
+from shoal.backends.ray.wire import Link, actor_device, actor_threads, quiet_readonly_numpy
+from shoal.backends.ray.worker import worker_shard
 from shoal.cluster import StragglerModel
 from shoal.config import Config
 from shoal.engine.cost import ring_allreduce_bytes, ring_allreduce_time

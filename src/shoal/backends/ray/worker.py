@@ -1,4 +1,4 @@
-"""The `ray` backend's worker actor (a plain class, made a Ray actor by ray.py).
+"""The `ray` backend's worker actor (a plain class, made a Ray actor by ray/driver.py).
 
 An asyncio actor that runs one loop: pull from its group server (gated),
 compute a real gradient on exactly what it pulled, pad to the emulated
@@ -25,9 +25,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from shoal.backends.local_model import LocalModel
-from shoal.backends.ray_data import ShardRef, load_shard
-from shoal.backends.ray_switch import WorkerSide
-from shoal.backends.ray_wire import (
+from shoal.backends.ray.data import ShardRef, load_shard
+from shoal.backends.ray.switch import WorkerSide
+from shoal.backends.ray.wire import (
     MOVED, OK, STOP, Link, actor_device, actor_threads, as_tensor, pack, quiet_readonly_numpy, unpack,
 )
 from shoal.cluster import StragglerModel

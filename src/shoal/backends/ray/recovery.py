@@ -1,6 +1,6 @@
 """Faults and recovery on ray: failed workers (removed, restarted, rejoined), checkpoints and resume.
 
-A mixin of ``RayBackend`` (backends/ray.py): it reads and sets the driver's
+A mixin of ``RayBackend`` (backends/ray/driver.py): it reads and sets the driver's
 attributes, which ``RayBackend.__init__`` declares.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.backends import checkpoint
-from shoal.backends.ray_wire import answered, first_line
+from shoal.backends.ray.wire import answered, first_line
 from shoal.engine.metrics import WorkerStats
 
 

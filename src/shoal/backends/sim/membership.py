@@ -1,6 +1,6 @@
 """Workers joining and leaving a simulated run (``cluster.membership``).
 
-A mixin of ``SimBackend`` (backends/sim.py), the model of what the ray
+A mixin of ``SimBackend`` (backends/sim/backend.py), the model of what the ray
 backend does with the same schedule: a joiner takes the next id, a copy of
 the shard of worker ``id mod workers`` (its own shuffle order), its own
 codec and straggler stream, and starts at its group's slowest clock; under
