@@ -299,8 +299,8 @@ class DiLoCoOptions(Section):
     outer_momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum of the outer step (DiLoCo: 0.9).")
 
 
-#: the scheme sections of [sync], by the scheme they configure
-SCHEME_SECTIONS = ("ssp", "gssp", "localsgd", "diloco")
+#: the sections of [sync] whose keys were flat before sections existed (``sync.paced``): old configs map into them
+FLAT_KEY_SECTIONS = ("ssp", "gssp", "localsgd", "diloco")
 
 
 class SyncConfig(Section):
@@ -331,7 +331,7 @@ def _move_flat_keys(data: dict[str, Any]) -> dict[str, Any]:
     spelling is the more specific one).
     """
     data = dict(data)
-    models = {name: SyncConfig.model_fields[name].annotation for name in SCHEME_SECTIONS}
+    models = {name: SyncConfig.model_fields[name].annotation for name in FLAT_KEY_SECTIONS}
     for key in [k for k in data if k not in SyncConfig.model_fields]:
         owners = [name for name, model in models.items() if key in model.model_fields]
         if not owners:
