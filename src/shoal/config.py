@@ -299,6 +299,12 @@ class DiLoCoOptions(Section):
     outer_momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum of the outer step (DiLoCo: 0.9).")
 
 
+class KBatchOptions(Section):
+    """``[sync.kbatch]``: K-batch synchronous SGD."""
+
+    k: int | None = Field(None, ge=1, description="Gradients (from distinct workers) that make one update: cluster.workers (or more) = BSP, 1 = ASP; none = half the workers, rounded up.")
+
+
 #: the sections of [sync] whose keys were flat before sections existed (``sync.paced``): old configs map into them
 FLAT_KEY_SECTIONS = ("ssp", "gssp", "localsgd", "diloco")
 
@@ -311,6 +317,7 @@ class SyncConfig(Section):
     gssp: GSSPOptions = GSSPOptions()
     localsgd: LocalSGDOptions = LocalSGDOptions()
     diloco: DiLoCoOptions = DiLoCoOptions()
+    kbatch: KBatchOptions = KBatchOptions()
 
     @model_validator(mode="before")
     @classmethod
