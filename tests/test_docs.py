@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from conftest import ROOT
 from shoal import docgen
@@ -113,6 +113,43 @@ def test_generator_documents_any_section_shape():
     assert "| `part.sizes` | array of integer | not set |" in text
     assert "### [part.leaf]" in text and "| `part.leaf.ratio` | float | `0.5` | > 0, < 1 | A bounded float. |" in text
     assert "### [[part.entries]]" in text and "| `part.entries[].at` | integer | required | >= 0 | A required key. |" in text
+
+
+class _Checked(Section):
+    low: int = Field(1, description="Low.")
+    high: int = Field(2, description="High.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "_Checked":
+        """Rules:
+
+        - `low` must not exceed `high`
+        - both are counted in steps
+        """
+        return self
+
+
+class _Unexplained(Section):
+    x: int = Field(1, description="X.")
+
+    @model_validator(mode="after")
+    def _secret(self) -> "_Unexplained":
+        return self
+
+
+def test_checks_come_from_validator_docstrings_and_no_source_text_is_read(monkeypatch):
+    import inspect
+
+    def no_source(*args, **kwargs):
+        raise AssertionError("docgen read source text")
+
+    monkeypatch.setattr(inspect, "getsource", no_source)
+    monkeypatch.setattr(inspect, "getsourcelines", no_source)
+    text = docgen.render(type("_Root", (Section,), {"__annotations__": {"c": _Checked}, "c": _Checked()}))
+    assert "- `low` must not exceed `high`\n- both are counted in steps" in text
+    assert docgen.render() == (ROOT / "docs" / "configuration.md").read_text()  # the real reference, without source
+    with pytest.raises(ValueError, match="validator _secret has no docstring"):
+        docgen.render(type("_Root2", (Section,), {"__annotations__": {"u": _Unexplained}, "u": _Unexplained()}))
 
 
 def test_check_flag_reports_a_stale_file(tmp_path, capsys):

@@ -25,6 +25,7 @@ __all__ = ["Config", "ConfigError", "build_config", "load_config", "to_toml"]
 
 
 def _positive_list(values: list[Any]) -> list[Any]:
+    """non-empty, every value > 0"""
     if not values or any(v <= 0 for v in values):
         raise ValueError("must be a non-empty list of positive numbers")
     return values
@@ -74,6 +75,7 @@ class ModelConfig(Section):
     @field_validator("name")
     @classmethod
     def _known_model(cls, v: str) -> str:
+        """lenet5, mlp, resnet18, vgg11, or a python: plug-in whose file exists"""
         return _plugin_or(MODEL_BUILTINS, v, "model")
 
 
@@ -92,6 +94,7 @@ class DataConfig(Section):
     @field_validator("partition")
     @classmethod
     def _known_partition(cls, v: str) -> str:
+        """iid, dirichlet:ALPHA with ALPHA > 0, or classes:K with K >= 1"""
         from shoal.data.sharding import parse_partition
 
         parse_partition(v)
@@ -100,6 +103,7 @@ class DataConfig(Section):
     @field_validator("name")
     @classmethod
     def _known_source(cls, v: str) -> str:
+        """mnist5k, digits, synthetic, a python: plug-in, or KIND:PATH with KIND one of idx, cifar10, npz and PATH an existing file or folder"""
         if v in DATA_BUILTINS:
             return v
         if v.startswith("python:"):
@@ -124,11 +128,13 @@ class TaskConfig(Section):
     @field_validator("loss")
     @classmethod
     def _known_loss(cls, v: str) -> str:
+        """cross_entropy, mse, or a python: plug-in whose file exists"""
         return _plugin_or(TASK_LOSSES, v, "loss")
 
     @field_validator("metric")
     @classmethod
     def _known_metric(cls, v: str) -> str:
+        """accuracy, loss, perplexity, or a python: plug-in whose file exists"""
         return _plugin_or(TASK_METRICS, v, "metric")
 
     @property
@@ -170,6 +176,7 @@ class MembershipChange(Section):
 
     @model_validator(mode="after")
     def _one_change(self) -> "MembershipChange":
+        """A change adds workers (add > 0) or removes some (a remove list); `speeds`, when given, has `add` entries"""
         if not self.add and not self.remove:
             raise ValueError("a membership change needs add > 0 or a remove list")
         if self.speeds is not None and len(self.speeds) != self.add:
@@ -194,6 +201,7 @@ class ClusterConfig(Section):
 
     @model_validator(mode="after")
     def _speeds_match_workers(self) -> "ClusterConfig":
+        """`speeds` has `workers` entries; `speed_changes` name workers below `workers`; a membership change removes only workers present then and leaves at least one"""
         if self.speeds is not None and len(self.speeds) != self.workers:
             raise ValueError(f"speeds has {len(self.speeds)} entries but workers = {self.workers}")
         for change in self.speed_changes:
@@ -280,6 +288,7 @@ class GSSPOptions(Section):
     @field_validator("groups")
     @classmethod
     def _positive_groups(cls, v: int | str) -> int | str:
+        """a count must be >= 1"""
         if isinstance(v, int) and v < 1:
             raise ValueError("must be a positive count or \"auto\"")
         return v
@@ -322,12 +331,13 @@ class SyncConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _flat_keys(cls, data: Any) -> Any:
-        """Accept the pre-section flat keys (``sync.paced``): move each into its scheme sections, with one deprecation line."""
+        """Old flat keys (`sync.paced`, `sync.staleness`, ...) still work: each moves into every section that has it, with one deprecation line."""
         return _move_flat_keys(data) if isinstance(data, dict) else data
 
     @field_validator("scheme")
     @classmethod
     def _known_scheme(cls, v: str) -> str:
+        """a registered scheme or a python: plug-in that meets the protocol"""
         return _registered(SCHEMES, v)
 
 
@@ -362,6 +372,7 @@ class GDTopKConfig(Section):
 
     @model_validator(mode="after")
     def _slow_keeps_more(self) -> "GDTopKConfig":
+        """`final_density_fast` must not exceed `final_density_slow`: slower groups push less often and keep the higher density"""
         if self.final_density_fast > self.final_density_slow:
             raise ValueError(f"final_density_fast ({self.final_density_fast}) must not exceed final_density_slow "
                              f"({self.final_density_slow}): slower groups push less often and keep the higher density")
@@ -381,6 +392,7 @@ class SimilarityConfig(Section):
 
     @model_validator(mode="after")
     def _periods(self) -> "SimilarityConfig":
+        """`base_period` must not exceed `max_period`"""
         if self.base_period > self.max_period:
             raise ValueError(f"base_period ({self.base_period}) must not exceed max_period ({self.max_period})")
         return self
@@ -399,6 +411,7 @@ class CompressionConfig(Section):
     @field_validator("method")
     @classmethod
     def _known_compressor(cls, v: str) -> str:
+        """a registered compressor, none, or a python: plug-in that meets the protocol"""
         return _registered(COMPRESSORS, v, "none")
 
 
@@ -418,6 +431,7 @@ class NetworkConfig(Section):
     @field_validator("algorithm")
     @classmethod
     def _known_planner(cls, v: str) -> str:
+        """a registered planner"""
         return _registered(PLANNERS, v)
 
 
@@ -459,7 +473,11 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _plugin_options(self) -> "Config":
-        """Options only for plug-ins; a plug-in scheme is built once here, so bad options fail before the run."""
+        """Plug-in options:
+
+        - `sync.options` and `compression.options` only with a python: plug-in
+        - a plug-in scheme or compressor is built once with its options, so a bad class or bad options fail before the run
+        """
         from shoal.plugins import call, is_plugin
 
         for key, name, options in (("sync", self.sync.scheme, self.sync.options),
@@ -476,6 +494,15 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _similarity_needs_gradients(self) -> "Config":
+        """Rules across sections:
+
+        - a python: `task.metric` says whether higher is better (`task.higher_is_better`)
+        - SIM (`compression.similarity.enabled`) measures real gradients: not with `backend.mode = "cost"`
+        - SIM does not go with a scheme that already averages periodically (localsgd, diloco), and such a scheme steps real local models: not with `backend.mode = "cost"`
+        - `sync.intra_group = "allreduce"` needs a synchronous scheme (bsp, gssp), dense gradients (`compression.method = "none"`, no SIM) and `network.aggregation = "server"`
+        - `network.aggregation = "ina"` needs one synchronous round (`sync.scheme = "bsp"`) and dense gradients; `network.worker_hosts`, when given, names one host per worker
+        - `cluster.membership` needs the server path: no all-reduce groups, no in-network aggregation
+        """
         if self.task.higher_is_better is None and self.task.metric.startswith("python:"):
             raise ValueError("task.higher_is_better: say whether a higher value of your metric is better (true or false)")
         if self.compression.similarity.enabled and self.backend.mode == "cost":

@@ -1,8 +1,9 @@
 """Generate docs/configuration.md from the pydantic schema in shoal.config.
 
 The reference is rendered from the models themselves (field types,
-defaults, numeric bounds, allowed values, validators and
-``Field(description=...)``), so it cannot drift from the code: a new key or
+defaults, numeric bounds, allowed values, ``Field(description=...)`` and
+each validator's docstring, which says in words what it checks; no source
+text is read), so it cannot drift from the code: a new key or
 section appears on the next regeneration, and ``tests/test_docs.py`` fails
 until the file is regenerated.
 
@@ -15,10 +16,8 @@ until the file is regenerated.
 from __future__ import annotations
 
 import argparse
-import ast
 import inspect
 import sys
-import textwrap
 import types
 import typing
 from collections.abc import Iterator
@@ -31,28 +30,14 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from shoal.config import DATA_BUILTINS, DATA_FILE_KINDS, Config, toml_value
+from shoal.config import Config, toml_value
 from shoal.registry import COMPRESSORS, PLANNERS, SCHEMES
 
 DEFAULT_PATH = Path("docs/configuration.md")
 REGENERATE = "make docs  (or: .venv/bin/python -m shoal.docgen --out docs/configuration.md)"
 
-# Validators in config.py are private functions without docstrings; these say
-# in words what they check. Any validator not listed here is described by the
-# first line of its docstring, else by the message of the error it raises,
-# else by its name.
-VALIDATOR_TEXT = {
-    "_positive_list": "non-empty, every value > 0",
-    "_speeds_match_workers": "`speeds` must have `workers` entries; `speed_changes` may only name workers below `workers`",
-    "_known_source": (
-        f"{', '.join(DATA_BUILTINS)}, or KIND:PATH with KIND one of {', '.join(DATA_FILE_KINDS)} and PATH an existing file or folder"
-    ),
-    "_positive_groups": "a count must be >= 1",
-    # a registered name: the allowed column lists the registry's names (from the key's JSON-schema enum)
-    "_known_scheme": "",
-    "_known_compressor": "",
-    "_known_planner": "",
-}
+# Validators of a registered name (the allowed column lists the registry's names, from the key's JSON-schema enum).
+LISTED_BY_ENUM = {"_known_scheme", "_known_compressor", "_known_planner"}
 
 
 @dataclass
@@ -172,45 +157,22 @@ def _validator_text(func: Any) -> str:
 
 
 def _validator_texts(func: Any) -> list[str]:
-    """What a validator checks: VALIDATOR_TEXT, else its docstring's first line, else the errors it raises, else its name."""
+    """What a validator checks, in the words of its docstring: its "- " lines, else its first line.
+
+    Every validator of the schema says in words what it checks; one without a
+    docstring is a bug this generator reports (the docs test runs it).
+    """
     func = getattr(func, "__func__", func)
-    name = getattr(func, "__name__", "")
-    if name in VALIDATOR_TEXT:
-        return [VALIDATOR_TEXT[name]]
-    doc = (getattr(func, "__doc__", None) or "").strip()
-    if doc:
-        return [doc.splitlines()[0].rstrip(".")]
-    messages = _raised_messages(func)
-    if messages:
-        return [f"error when broken: `{m}`" for m in messages]
-    return [name.strip("_").replace("_", " ")]
-
-
-def _raised_messages(func: Any) -> list[str]:
-    """The messages of the ``raise SomeError("...")`` statements in ``func``'s source, in order."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
-    except (OSError, TypeError, SyntaxError):
+    name = getattr(func, "__name__", repr(func))
+    if name in LISTED_BY_ENUM:
         return []
-    raises = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Raise)), key=lambda n: (n.lineno, n.col_offset))
-    messages = []
-    for node in raises:
-        if isinstance(node.exc, ast.Call) and node.exc.args:
-            arg = node.exc.args[0]
-            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                messages.append(arg.value)
-            elif isinstance(arg, ast.JoinedStr):
-                messages.append("".join(
-                    v.value if isinstance(v, ast.Constant) else _placeholder(v.value) for v in arg.values
-                ))
-    return messages
-
-
-def _placeholder(expr: ast.expr) -> str:
-    """What a reader sees in place of an f-string field: ``<sync.scheme>``, ``<count of network.worker_hosts>``."""
-    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "len" and expr.args:
-        return f"<count of {_placeholder(expr.args[0]).strip('<>')}>"
-    return "<" + ast.unparse(expr).removeprefix("self.") + ">"
+    doc = inspect.getdoc(func) or ""
+    bullets = [line[2:].rstrip(".") for line in doc.splitlines() if line.startswith("- ")]
+    if bullets:
+        return bullets
+    if not doc:
+        raise ValueError(f"validator {name} has no docstring: say in words what it checks (docs/configuration.md shows it)")
+    return [doc.splitlines()[0].rstrip(".")]
 
 
 # -- rendering types, defaults and constraints ----------------------------------------
