@@ -353,3 +353,18 @@ def test_timeline_mark_labels_never_overlap():
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
     title = ax.title if ax.get_title() else ax._left_title
     assert not any(b.overlaps(title.get_window_extent(renderer)) for b in boxes)  # the title sits above them
+
+
+def test_the_page_comes_from_its_templates_and_escapes_what_runs_wrote(synthetic, tmp_path):
+    """A scheme name or a provenance field is text: markup in it is shown, never run."""
+    out = tmp_path / "cmp"
+    shutil.copytree(synthetic, out)
+    compare = json.loads((out / "compare.json").read_text())
+    compare["provenance"] = {**(compare.get("provenance") or {}), "host": "<script>alert(1)</script>"}
+    (out / "compare.json").write_text(json.dumps(compare))
+    page = write_report(out).read_text()
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    from shoal.report.page import environment
+
+    assert set(environment().list_templates()) >= {"report.html.j2", "macros.html.j2", "report.css"}
+    assert page.count('<section id="') == len(set(re.findall(r'<section id="(\w+)"', page)))  # one per kind

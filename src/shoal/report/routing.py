@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import html
-import json
 from pathlib import Path
 from typing import Any
 
+from shoal.report.page import macro
 from shoal.report.plots import save_figure
 from shoal.report.runs import RunData
 
@@ -27,42 +26,24 @@ def draw_plan(run: RunData, path: Path) -> Path | None:
     return save_figure(plan_figure(inst, [result]), path)
 
 
-def routing_tables(routing: dict[str, Any]) -> str:
-    """The plan's numbers, where each worker's gradient is summed, and the data plane's counters, as tables."""
+def routing_data(routing: dict[str, Any]) -> dict[str, Any]:
+    """The plan's numbers, where each worker's gradient is summed, and the data plane's counters, for the tables."""
     scalars = {k: v for k, v in routing.items() if not isinstance(v, (dict, list))}
     rest = {k: v for k, v in routing.items() if k not in scalars and k not in ("worker_nodes", "dataplane")}
-    out = [_kv_table({**scalars, **rest})]
+    data: dict[str, Any] = {"pairs": list({**scalars, **rest}.items()), "by_node": [], "switches": [], "switch_keys": []}
     nodes = routing.get("worker_nodes")
     if isinstance(nodes, list) and nodes:
         by_node: dict[str, list[int]] = {}
         for worker, node in enumerate(nodes):
             by_node.setdefault(str(node), []).append(worker)
-        rows = "".join(f"<tr><td class=\"left\">{html.escape(node)}</td><td>{len(ws)}</td>"
-                       f"<td class=\"left\">{html.escape(', '.join(map(str, ws)))}</td></tr>"
-                       for node, ws in sorted(by_node.items()))
-        out.append("<table><thead><tr><th class=\"left\">aggregated at</th><th>workers</th>"
-                   f"<th class=\"left\">which</th></tr></thead><tbody>{rows}</tbody></table>")
+        data["by_node"] = sorted(by_node.items())
     switches = (routing.get("dataplane") or {}).get("switches") if isinstance(routing.get("dataplane"), dict) else None
     if isinstance(switches, dict) and switches and all(isinstance(c, dict) for c in switches.values()):
-        keys = sorted({k for c in switches.values() for k in c})
-        head = "".join(f"<th>{html.escape(k.replace('_', ' '))}</th>" for k in keys)
-        rows = "".join(f"<tr><td class=\"left\">{html.escape(name)}</td>"
-                       + "".join(f"<td>{_value(c.get(k, ''))}</td>" for k in keys) + "</tr>"
-                       for name, c in sorted(switches.items()))
-        out.append(f"<table><thead><tr><th class=\"left\">switch (data plane)</th>{head}</tr></thead>"
-                   f"<tbody>{rows}</tbody></table>")
-    return "".join(out)
+        data["switch_keys"] = sorted({k for c in switches.values() for k in c})
+        data["switches"] = sorted(switches.items())
+    return data
 
 
-def _kv_table(values: dict[str, Any]) -> str:
-    rows = "".join(f"<tr><td class=\"left\">{html.escape(str(k))}</td><td class=\"left\">{_value(v)}</td></tr>"
-                   for k, v in values.items())
-    return f"<table class=\"kv\"><tbody>{rows}</tbody></table>"
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, (dict, list)):
-        return f"<code>{html.escape(json.dumps(value))}</code>"
-    return html.escape(str(value))
+def routing_tables(routing: dict[str, Any]) -> str:
+    """The routing tables as HTML, rendered by the report template's macro."""
+    return str(macro("routing_tables")(routing_data(routing)))
