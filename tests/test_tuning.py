@@ -137,3 +137,13 @@ def test_tuning_a_key_the_scheme_sets_is_one_line_exit_2(tmp_path):
     assert result.exit_code == 2
     assert "--tune sync.scheme: scheme bsp sets it itself" in result.output
     assert not (tmp_path / "c").exists()
+
+
+def test_bootstrap_ends_stay_none_for_unreached_seeds_never_nan():
+    """scipy's resamples are read as order statistics: an end among unreached seeds is None, a finite one a number."""
+    iv = interval([1, None, None, 2, 3, None])
+    assert iv["ci90"][1] is None and iv["ci90"][0] == pytest.approx(iv["ci90"][0]) and iv["ci90"][0] >= 1
+    sp = speedup_interval([None, 1, 2, 3, None], [1, None, 2, 3, 4])
+    assert sp["ci90"][1] is None and sp["ci90"][0] == 0.0  # resamples where only the base never reached it
+    assert interval([5, 5, 5, 5, 5])["ci90"] == [5.0, 5.0]  # ties: no warning, no NaN
+    assert interval([4, 8, 6, 5, 7], seed=3) == interval([4, 8, 6, 5, 7], seed=3)  # seeded: repeatable

@@ -5,17 +5,20 @@ every scheme runs the same grid (``--tune KEY=V1,V2``), and each keeps the
 grid point with the best median time to target (an unreached seed counts as
 infinitely slow), ties broken by the best median final accuracy.
 Intervals: min..max over seeds always, and a bootstrap 90% interval of the
-median from five seeds on.
+median from five seeds on (scipy.stats.bootstrap).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import random
 import statistics
+import warnings
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
+from scipy import stats
 
 from shoal.config import parse_override
 from shoal.errors import ConfigError
@@ -91,10 +94,9 @@ def interval(values: Sequence[float | None], seed: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {"median": _finite(statistics.median(xs)), "min": _finite(min(xs)),
                            "max": _finite(max(xs)), "ci90": None, "n": len(xs)}
     if len(xs) >= BOOTSTRAP_FROM:
-        rng = random.Random(seed)
-        medians = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(BOOTSTRAP_SAMPLES))
-        lo, hi = medians[int(0.05 * BOOTSTRAP_SAMPLES)], medians[int(0.95 * BOOTSTRAP_SAMPLES) - 1]
-        out["ci90"] = [_finite(lo), _finite(hi)]
+        medians = _bootstrap((xs,), lambda x, axis: np.median(x, axis=axis), seed)
+        out["ci90"] = [_finite(medians[int(0.05 * BOOTSTRAP_SAMPLES)]),
+                       _finite(medians[int(0.95 * BOOTSTRAP_SAMPLES) - 1])]
     return out
 
 
@@ -107,13 +109,24 @@ def speedup_interval(base: Sequence[float | None], mine: Sequence[float | None],
     value = _ratio(statistics.median(b), statistics.median(m))
     ci = None
     if min(len(b), len(m)) >= BOOTSTRAP_FROM:
-        rng = random.Random(seed)
-        ratios = sorted(
-            _ratio_sortable(statistics.median(rng.choices(b, k=len(b))), statistics.median(rng.choices(m, k=len(m))))
-            for _ in range(BOOTSTRAP_SAMPLES))
-        lo, hi = ratios[int(0.05 * BOOTSTRAP_SAMPLES)], ratios[int(0.95 * BOOTSTRAP_SAMPLES) - 1]
-        ci = [_finite(lo), _finite(hi)]
+        def ratio(bs: np.ndarray, ms: np.ndarray, axis: int) -> np.ndarray:
+            return _ratio_sortable(np.median(bs, axis=axis), np.median(ms, axis=axis))
+
+        ratios = _bootstrap((b, m), ratio, seed)
+        ci = [_finite(ratios[int(0.05 * BOOTSTRAP_SAMPLES)]), _finite(ratios[int(0.95 * BOOTSTRAP_SAMPLES) - 1])]
     return {"value": value, "ci90": ci}
+
+
+def _bootstrap(samples: tuple[Sequence[float], ...], statistic: Any, seed: int) -> np.ndarray:
+    """The statistic over BOOTSTRAP_SAMPLES resamples (scipy.stats.bootstrap, each sample resampled on its own),
+    sorted: the interval is read off as order statistics, so an unreached (infinite) end stays infinite instead of
+    turning into NaN in an interpolated percentile."""
+    with warnings.catch_warnings():  # scipy's own interval (unused) warns on ties and infinities
+        warnings.simplefilter("ignore")
+        result = stats.bootstrap(tuple(np.asarray(x, dtype=float) for x in samples), statistic, vectorized=True,
+                                 paired=False, n_resamples=BOOTSTRAP_SAMPLES, method="percentile",
+                                 rng=np.random.default_rng(seed))
+    return np.sort(result.bootstrap_distribution)
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -122,14 +135,12 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 6)
 
 
-def _ratio_sortable(a: float, b: float) -> float:
+def _ratio_sortable(a: Any, b: Any) -> Any:
     """a / b with unreached ends ordered sensibly: base unreached = infinitely fast for us, ours = zero."""
-    if math.isinf(b):
-        return 0.0
-    if math.isinf(a):
-        return math.inf
-    return a / b
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(np.isinf(b), 0.0, np.where(np.isinf(a), np.inf, a / b))
 
 
 def _finite(x: float) -> float | None:
-    return None if math.isinf(x) else round(x, 6)
+    return None if math.isinf(x) else round(float(x), 6)
