@@ -7,6 +7,8 @@ import math
 
 import networkx as nx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoal.config import ConfigError
 from shoal.network.instance import build_instance, parse_bandwidth, parse_range, parse_workers, reachable_hosts
@@ -203,6 +205,35 @@ def test_impossible_instances_are_config_errors() -> None:
 def test_hosts_do_not_forward() -> None:
     g = topology_from_dict({"hosts": ["ps", "relay", "w"], "switches": [{"name": "s"}], "links": [{"a": "ps", "b": "s"}, {"a": "s", "b": "relay"}, {"a": "relay", "b": "w"}]})
     assert reachable_hosts(g, "ps") == {"relay"}
+
+
+def _reachable_by_hand(g: nx.Graph, ps: str) -> set[str]:
+    """The rule spelled out: walk positive links from the PS, forwarding only through switches."""
+    seen, frontier = {ps}, [ps]
+    while frontier:
+        u = frontier.pop()
+        if u != ps and g.nodes[u]["kind"] == "host":
+            continue
+        for v in g[u]:
+            if v not in seen and g[u][v]["bandwidth_gbps"] > 0:
+                seen.add(v)
+                frontier.append(v)
+    return {h for h in seen if h != ps and g.nodes[h]["kind"] == "host"}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000))
+def test_reachable_hosts_follow_the_rule_on_random_graphs_with_dead_links(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    g = fat_tree(4)
+    for u, v in g.edges:
+        if rng.random() < 0.25:
+            g[u][v]["bandwidth_gbps"] = 0.0  # dead links cut some hosts off
+    hosts = [n for n in g.nodes if g.nodes[n]["kind"] == "host"]
+    ps = rng.choice(hosts)
+    assert reachable_hosts(g, ps) == _reachable_by_hand(g, ps)
 
 
 def test_option_parsers() -> None:

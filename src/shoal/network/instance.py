@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -238,17 +237,10 @@ def _check_not_all_zero(g: nx.Graph, source: str) -> None:
 
 def reachable_hosts(g: nx.Graph, ps: str) -> set[str]:
     """Hosts with a path of positive-bandwidth links to ``ps`` that transits only switches."""
-    seen = {ps}
-    queue = deque([ps])
-    while queue:
-        u = queue.popleft()
-        if u != ps and g.nodes[u]["kind"] == "host":
-            continue  # hosts do not forward
-        for v, attrs in g[u].items():
-            if v not in seen and attrs["bandwidth_gbps"] > 0:
-                seen.add(v)
-                queue.append(v)
-    return {h for h in seen if h != ps and g.nodes[h]["kind"] == "host"}
+    live = nx.subgraph_view(g, filter_edge=lambda u, v: g[u][v]["bandwidth_gbps"] > 0)
+    forwarders = nx.subgraph_view(live, filter_node=lambda n: n == ps or g.nodes[n]["kind"] != "host")
+    core = nx.node_connected_component(forwarders, ps)  # ps and the switches it reaches through switches
+    return {h for u in core for h in live[u] if h != ps and g.nodes[h]["kind"] == "host"}
 
 
 def _switches_reached(g: nx.Graph, sources: Iterable[str]) -> set[str]:
