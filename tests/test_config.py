@@ -147,3 +147,12 @@ def test_the_cli_prints_one_warning_line_per_old_key_and_trains(tmp_path):
         "warning: sync.paced is deprecated: use sync.gssp.paced",
         "warning: sync.staleness is deprecated: use sync.ssp.staleness and sync.gssp.staleness"]
     assert "Traceback" not in done.stderr and (out / "summary.json").is_file()
+
+
+def test_the_resolved_config_is_tomlkit_toml_that_reads_back_equal_with_arrays_on_one_line():
+    cfg = load_config(None, ["cluster.workers=3", "cluster.speeds=[1.0, 2.5, 4.0]",
+                             "cluster.membership=[{at_s = 3.0, add = 1}]", "model.options={width = 3, deep = {a = 1}}",
+                             "sync.scheme=gssp", "sync.gssp.groups=2"])
+    text = to_toml(cfg)
+    assert "speeds = [1.0, 2.5, 4.0]\n" in text and "[sync.gssp]\n" in text and "[[cluster.membership]]\n" in text
+    assert build_config(tomllib.loads(text)) == cfg

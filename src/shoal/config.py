@@ -15,6 +15,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
+import tomlkit
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator,
                       model_validator)
 
@@ -665,39 +666,31 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 
 def to_toml(cfg: Config) -> str:
-    """Write a resolved config as TOML (sections and their subsections).
-
-    Kept by hand: tomli-w writes every array one item per line (1,024
-    lines for the speeds of 1,024 workers); this writes them inline.
-    """
-    lines: list[str] = []
-
-    def emit(prefix: str, table: dict[str, Any]) -> None:
-        scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
-        lines.append(f"[{prefix}]")
-        for key, value in scalars.items():
-            if value is not None:
-                lines.append(f"{key} = {toml_value(value)}")
-        lines.append("")
-        for key, value in table.items():
-            if isinstance(value, dict):
-                emit(f"{prefix}.{key}", value)
-
-    for name, section in cfg.model_dump().items():
-        emit(name, section)
-    return "\n".join(lines)
+    """Write a resolved config as TOML (tomlkit: inline arrays, one table per section and subsection)."""
+    return tomlkit.dumps(_without_none(cfg.model_dump()))
 
 
 def toml_value(value: Any) -> str:
-    """One value in TOML syntax (bool, number, string, list, inline table)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    """One value in TOML syntax, tables inline (``--set`` overrides, the docs' default column)."""
+    return tomlkit.item(_inline(_without_none(value))).as_string()
+
+
+def _without_none(value: Any) -> Any:
+    """TOML has no null: a key whose value is None is left out (reading it back gives the default, None)."""
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items() if v is not None) + "}"
-    raise TypeError(f"cannot write {value!r} as TOML")
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value]
+    return value
+
+
+def _inline(value: Any) -> Any:
+    if isinstance(value, dict):
+        table = tomlkit.inline_table()
+        table.update({k: _inline(v) for k, v in value.items()})
+        return table
+    if isinstance(value, list):
+        array = tomlkit.array()
+        array.extend(_inline(v) for v in value)
+        return array
+    return value
