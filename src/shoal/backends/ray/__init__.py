@@ -7,10 +7,20 @@ resume), server_recovery.py (a dead group server replaced). The actors:
 server.py (a group server), worker.py, evaluator.py, switch.py (software
 aggregation switches); collective*.py (all-reduce groups); data.py,
 placement.py, session.py (starting or joining Ray), wire.py (messages).
-The modules import ray inside the functions that need it, so this package
-imports without ray installed; the driver says how to install it.
+Ray is an optional extra (``shoal[ray]``): this door imports it once, and
+without it importing any module of the package is one ConfigError that says
+how to install it (exit 2 on the command line). The modules then import ray
+at their top like any dependency; nothing outside this package imports it.
 """
 
-from shoal.backends.ray.driver import DRAIN_S, RayBackend
+from shoal.errors import ConfigError
+
+try:
+    import ray  # noqa: F401  (the one place the optional extra is checked)
+except ImportError:
+    raise ConfigError("backend.name = \"ray\": Ray is not installed; pip install 'shoal[ray]' "
+                      "(make setup installs it)") from None
+
+from shoal.backends.ray.driver import DRAIN_S, RayBackend  # noqa: E402
 
 __all__ = ["DRAIN_S", "RayBackend"]

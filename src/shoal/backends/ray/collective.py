@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import ray
 
 from shoal.backends.group_exchange import DeltaInbox, StepScale
 from shoal.backends.ray.collective_exchange import GroupExchange
@@ -87,7 +88,6 @@ class GroupPlan:
     leaders: tuple[Any, ...] = ()  # GSSP, first rank only: every group's first rank (None: an empty group)
     member_handles: tuple[Any, ...] = ()  # GSSP, first rank only: its members, which it hands peer deltas to
     exchange_every: int = 0
-
 
 class CollectiveWorker(GroupExchange):
     """One rank of an all-reduce group: its shard, its module under DDP, its optimizer, its group's exchange."""
@@ -139,8 +139,6 @@ class CollectiveWorker(GroupExchange):
     def rendezvous(self, local: bool) -> str:
         """A group's first rank: where its ranks meet. Local runs use a file store (no listening socket at all:
         PyTorch's TCP store binds every interface); a cluster uses a TCP store on that rank's node."""
-        import ray
-
         if local:
             folder = tempfile.mkdtemp(prefix="shoal-pg-")
             return f"file://{os.path.join(folder, 'store')}"

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-
+import ray
 
 class GroupExchange:
     """Sending the group's own delta and receiving the peers' (the attributes are CollectiveWorker's)."""
@@ -26,8 +26,6 @@ class GroupExchange:
     def deliver(self, sender: int, seq: int, epoch: int, delta: list[Any]) -> None:
         """First rank: a peer group's delta (a reference in a list, so Ray does not fetch it here). Waits out
         the emulated peer link, then hands it to every member; returns once all hold it."""
-        import ray
-
         assert self.plan is not None
         time.sleep(self.peer_link.seconds(self._delta_bytes()))
         others = [h for h in self.plan.member_handles if h is not None]
@@ -41,8 +39,6 @@ class GroupExchange:
 
     def flush(self) -> None:
         """First rank, the group stopped: send the own delta not sent yet; return once every delivery arrived."""
-        import ray
-
         if self.plan is not None and self.plan.leaders:
             self._send_own()
             self._outbox.join()
@@ -71,8 +67,6 @@ class GroupExchange:
     def _send_loop(self) -> None:
         """Put each own delta into the object store once and send it to every peer group's first rank, each
         copy after the last has left the emulated egress."""
-        import ray
-
         while True:
             plan, seq, params, buffers = self._outbox.get()
             try:
@@ -98,8 +92,6 @@ class GroupExchange:
 
     def _add_peer_deltas(self, deltas: list[Any]) -> None:
         """Add peer groups' deltas (object references) to the replica; they never count as this group's own."""
-        import ray
-
         for ref in deltas:
             params, buffers = ray.get(ref)
             delta = (torch.from_numpy(np.array(params)).to(self.device),

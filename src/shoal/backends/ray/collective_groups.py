@@ -15,13 +15,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import ray
+
 from shoal.backends.group_exchange import StepScale
 from shoal.backends.ray.collective import CollectiveWorker, GroupPlan
 from shoal.backends.ray.session import ActorPool
 from shoal.sync.gssp import Move
 
 FORM_TIMEOUT_S = 300.0
-
 
 class CollectiveGroups:
     """Starts the all-reduce ranks and carries out GSSP's groupings on them."""
@@ -32,8 +33,6 @@ class CollectiveGroups:
 
     def _start_collective(self) -> None:
         """One CollectiveWorker per worker, one group of everyone, no server."""
-        import ray
-
         # all-reduce ranks are never kept (a process group is not re-joined): kept actors free their CPUs for them
         ActorPool.clear()
         params, buffers = self.setup.engine.initial_state()
@@ -55,8 +54,6 @@ class CollectiveGroups:
 
     def _form(self, groups: list[list[int]]) -> None:
         """Every non-empty group meets at its first rank's rendezvous and forms (ranks in id order)."""
-        import ray
-
         local = not self.cfg.backend.address
         groups = [sorted(g) for g in groups]
         inits = ray.get([self.workers[g[0]].rendezvous.remote(local) for g in groups if g])
@@ -102,8 +99,6 @@ class CollectiveGroups:
         as a group server keeps its own when workers move; otherwise (the
         split) every group starts a fresh one, as the new group servers do.
         """
-        import ray
-
         start = time.perf_counter()
         for w in self.alive:
             self.workers[w].stop.remote()

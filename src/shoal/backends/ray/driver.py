@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import ray
 
 from shoal.backends.ray.collective_groups import CollectiveGroups
 from shoal.backends.ray.evaluator import mean_state
@@ -46,7 +47,6 @@ TICK_S = 0.05  # driver loop period: stop checks, failure detection
 DRAIN_S = 0.2  # how often each actor's records are collected
 
 # -- the backend --------------------------------------------------------------------------
-
 
 class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecovery):
     """Runs one configured training on Ray actors until a stopping rule fires (or Ctrl-C).
@@ -125,8 +125,6 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
     # -- the driver loop -----------------------------------------------------------------
 
     def _loop(self) -> None:
-        import ray
-
         period, next_eval = self.cfg.run.eval_every_s, self.offset
         next_drain, next_ckpt = 0.0, self.offset + self._ckpt_period()
         while True:
@@ -173,8 +171,6 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
 
     def _drain(self, wait_s: float = 0.0) -> None:
         """Collect iteration records (workers) and exchange events (servers); issue the next requests."""
-        import ray
-
         for w in self.alive:
             if w not in self._drains:
                 self._drains[w] = self.workers[w].drain.remote(self._density(w))
@@ -271,8 +267,6 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
 
     def model_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         """What is evaluated: the replica, or the mean of the group replicas (GSSP)."""
-        import ray
-
         return mean_state(ray.get(self._state_refs()))
 
     def _submit_evaluation(self) -> None:
@@ -290,8 +284,6 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
 
     def _collect_evaluation(self, wait_s: float = 0.0) -> None:
         """Record the evaluation in flight once it is done (at the time its states were taken)."""
-        import ray
-
         if self._eval_pending is None:
             return
         t, ref = self._eval_pending
@@ -385,8 +377,6 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         Each step is skipped if the actors are gone (a Ctrl-C in a terminal also reaches Ray's processes),
         so a summary of what was recorded is always written.
         """
-        import ray
-
         if not self.started:
             return
         self.elapsed = self.now()
@@ -402,8 +392,6 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         self.recorder.event("end", t=round(self.elapsed, 6), reason=self.stop_reason)
 
     def _stop_actors(self) -> None:
-        import ray
-
         stops = [s.stop.remote() for s in self.servers]
         ray.wait(stops, num_returns=len(stops), timeout=30)  # a dead server does not keep the workers going
         for w in self.alive:
@@ -419,8 +407,6 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
 
     def _kill_all(self) -> None:
         """End every actor of this run, or keep the healthy ones for the next run (ActorPool)."""
-        import ray
-
         running = set(self._run_refs.values())
         reusable = {h._actor_id for w, h in self.workers.items() if w in self.alive and w not in running}
         reusable |= {h._actor_id for h in [*self.servers, *self.spares, *self.standby]}

@@ -8,10 +8,10 @@ backend's ``_split`` / ``_regroup``.
 from __future__ import annotations
 
 import numpy as np
+import ray
 
 from shoal.engine.metrics import WorkerStats
 from shoal.sync.gssp import Move
-
 
 class Membership:
     """Carries out the GSSP policy's groupings, and workers joining and leaving, on the actors."""
@@ -55,8 +55,6 @@ class Membership:
 
     def _leave(self, w: int) -> None:
         """``w`` leaves for good (not a failure): its server forgets it, its last records are kept."""
-        import ray
-
         self.departed.add(w)
         self._starting = {ref: v for ref, v in self._starting.items() if v != w}
         self._run_refs = {ref: v for ref, v in self._run_refs.items() if v != w}
@@ -96,8 +94,6 @@ class Membership:
 
     def _split(self, groups: list[list[int]]) -> None:
         """One server per group: group 0 keeps server 0 (fresh optimizer), the others start from its copy."""
-        import ray
-
         if self.collective:
             return self._collective_split(groups)
         self.epoch += 1
@@ -128,8 +124,6 @@ class Membership:
 
     def _regroup(self, moves: list[Move]) -> None:
         """Carry out the policy's moves: the new server admits, the old one releases, then the route."""
-        import ray
-
         if self.collective:
             return self._collective_regroup(moves)
         self.epoch += 1

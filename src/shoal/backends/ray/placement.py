@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from shoal.errors import ConfigError
+from ray.util import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from shoal.errors import ConfigError
 
 class Reservation:
     """A ready placement group: which bundle each actor holds, and the free ones per kind ("worker", "server").
@@ -32,8 +34,6 @@ class Reservation:
 
     def take(self, kind: str) -> tuple[dict[str, Any], int | None]:
         """Actor options that place the next actor of ``kind`` in a free bundle, and the bundle ({}, None: none)."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         free = self._free.get(kind)
         if not free:
             return {}, None
@@ -51,17 +51,13 @@ class Reservation:
             self._free[kind].append(index)
 
     def release(self) -> None:
-        from ray.util import remove_placement_group
-
         try:
             remove_placement_group(self.group)
         except Exception:  # noqa: BLE001 - Ray already shut down
             pass
 
-
 def bundle(cpus: float, gpus: float = 0.0) -> dict[str, float]:
     return {k: v for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
-
 
 def reserve(actors: dict[str, tuple[int, dict[str, float]]], timeout_s: float, where: str) -> Reservation | None:
     """One bundle per actor (``actors``: kind -> (count, resources)), packed; None if nothing needs reserving.
@@ -69,8 +65,6 @@ def reserve(actors: dict[str, tuple[int, dict[str, float]]], timeout_s: float, w
     Raises ConfigError (one line, naming what was asked) if the group is
     not placed within ``timeout_s``; nothing stays reserved then.
     """
-    from ray.util import placement_group, remove_placement_group
-
     bundles, indices = [], {}
     for kind, (count, resources) in actors.items():
         if count and resources:
@@ -87,7 +81,6 @@ def reserve(actors: dict[str, tuple[int, dict[str, float]]], timeout_s: float, w
                           f"{timeout_s:.0f} s: its nodes lack the free CPUs or GPUs (other jobs may hold them); "
                           "add nodes or request less per actor (backend.cpus_per_worker, cpus_per_server)")
     return Reservation(group, indices)
-
 
 def _text(resources: dict[str, float]) -> str:
     return " + ".join(f"{v:g} {k}" for k, v in resources.items())

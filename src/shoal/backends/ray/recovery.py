@@ -14,18 +14,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from shoal.backends import checkpoint
 from shoal.backends.ray.wire import answered, first_line
 from shoal.engine.metrics import WorkerStats
-
 
 class Recovery:
     """Worker failures and restarts; periodic checkpoints of every group server and resuming from them."""
 
     def _worker_ended(self, ref: Any) -> None:
         """A worker's loop returned: a failure unless the run is stopping."""
-        import ray
-
         w = self._run_refs.pop(ref)
         try:
             if ray.get(ref) == "budget":  # an all-reduce rank ran its share of run.max_iterations, as all do
@@ -60,8 +59,6 @@ class Recovery:
 
     def _collect_rejoined(self) -> None:
         """Evicted workers that answered their drain at last: back into their group, from its replica."""
-        import ray
-
         if self.stop_reason is not None:
             return
         drains = {drain: w for w, (drain, _) in self._evicted.items()}
@@ -87,8 +84,6 @@ class Recovery:
 
     def _admit(self, server: int, w: int) -> None:
         """``server`` counts ``w`` again (at its slowest clock); if it died, its replacement's policy will."""
-        import ray
-
         try:
             ray.get(self.servers[server].add_worker.remote(w, self.epoch))
         except ray.exceptions.ActorDiedError:
@@ -100,8 +95,6 @@ class Recovery:
         ``keep``: an unresponsive worker with no restart left keeps its process, which may answer again;
         returns True when it was kept.
         """
-        import ray
-
         self.alive.discard(w)
         self._drains.pop(w, None)
         if self.plan is not None or self.collective:  # the round (a switch's, or the all-reduce) cannot finish
@@ -133,8 +126,6 @@ class Recovery:
 
     def _collect_started(self) -> None:
         """Restarted workers and joiners that are ready join their group's server (at its slowest clock)."""
-        import ray
-
         for ref in answered(self._starting):
             w = self._starting.pop(ref)
             self.pids[w] = ray.get(ref)["pid"]
@@ -155,8 +146,6 @@ class Recovery:
 
     def _checkpoint(self) -> None:
         """Every group server saves its replica and optimizer; then the run state commits the set."""
-        import ray
-
         if self.out is None:
             return
         root = self.out / "checkpoint"
@@ -214,8 +203,6 @@ class Recovery:
 
     def _seek_streams(self, positions: dict[str, Any], folder: Path | None = None) -> None:
         """Each worker continues its data stream, random generators and codec state where the checkpoint left them."""
-        import ray
-
         if not positions:
             return
         workers = [w for w in range(self.n) if str(w) in positions]
@@ -228,7 +215,6 @@ class Recovery:
     def _final_checkpoint(self) -> None:
         if self._ckpt_period() < math.inf:
             self._checkpoint()
-
 
 def position_digest(position: dict[str, Any]) -> dict[str, Any]:
     """A worker's stream position with its generator states as one short hash (what metrics.jsonl records)."""

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import ray
 
 from shoal.backends import checkpoint
 from shoal.backends.ray.switch import ServerSide
@@ -38,7 +39,6 @@ from shoal.config import OptimizerConfig
 from shoal.engine.replica import Replica
 from shoal.sync import PeriodicSchedule, SyncPolicy
 from shoal.sync.policies import PacedSSP
-
 
 class GroupServer:
     """One (group) server: replica, sync policy, buffered pushes, gate futures, delta exchange."""
@@ -399,8 +399,6 @@ class GroupServer:
 
     async def _send_delta(self, peers: list[Any], params: np.ndarray, buffers: np.ndarray, nbytes: int,
                           updates: int) -> None:
-        import ray
-
         p_ref, b_ref = ray.put(params), ray.put(buffers)
         for peer in peers:
             delay = self.peer_link.seconds(nbytes)  # this copy's turn on the egress

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from shoal.backends import checkpoint
 from shoal.backends.ray.wire import answered, first_line
 
@@ -58,8 +60,6 @@ class ServerRecovery:
 
     def _check_servers(self) -> None:
         """Ping every server (after a call to one failed); replace those that died."""
-        import ray
-
         pings = {s.ping.remote(): g for g, s in enumerate(self.servers)}
         ray.wait(list(pings), num_returns=len(pings), timeout=5.0)
         for ref, g in pings.items():
@@ -101,8 +101,6 @@ class ServerRecovery:
 
     def _collect_replacements(self) -> None:
         """Replacement servers that answered: install their state, then route their group to them."""
-        import ray
-
         for ref in answered(self._replacing):
             g = self._replacing.pop(ref)
             server, source, failure, started = self._replacements.pop(g)
@@ -124,8 +122,6 @@ class ServerRecovery:
 
     def _record_servers(self, reason: str) -> None:
         """A ``servers`` event: each group server's process id (for operators and fault drills)."""
-        import ray
-
         try:
             pids = ray.get([s.ping.remote() for s in self.servers], timeout=10)
         except (ray.exceptions.RayError, TimeoutError):
@@ -156,8 +152,6 @@ class ServerRecovery:
 
     def _install_replacement(self, g: int, server: Any, source: dict[str, Any]) -> None:
         """Serve group ``g``'s live members from ``source`` on the new ``server``."""
-        import ray
-
         self.epoch += 1
         members = self.gssp.groups[g] if self.gssp is not None else self._members()
         policy = self._live_policy(members)
@@ -174,8 +168,6 @@ class ServerRecovery:
 
     def _source_state(self, source: dict[str, Any]) -> tuple[Any, Any]:
         """(params, buffers) of a peer's replica or of the last evaluated state; the initial state if gone."""
-        import ray
-
         try:
             if "peer" in source:
                 return ray.get(self.servers[source["peer"]].shared_state.remote(), timeout=30)

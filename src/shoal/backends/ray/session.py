@@ -17,6 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import ray
+from ray import cloudpickle
+from ray._private import ray_constants
+
 from shoal.backends import checkpoint
 from shoal.config import BackendConfig, Config
 from shoal.errors import ConfigError
@@ -56,8 +60,6 @@ class ActorPool:
 
     @classmethod
     def clear(cls) -> None:
-        import ray
-
         for handles in cls._idle.values():
             for handle in handles:
                 try:
@@ -68,8 +70,6 @@ class ActorPool:
 
     @classmethod
     def _same_session(cls) -> bool:
-        import ray
-
         job = ray.get_runtime_context().get_job_id()
         if job != cls._job:
             cls._idle.clear()
@@ -80,14 +80,9 @@ class ActorPool:
 
 # -- validation and the Ray session ---------------------------------------------------------
 
-
 def validate(cfg: Config) -> None:
     """Reject what the ray backend does not run, before anything is written."""
-    try:
-        import ray  # noqa: F401  (an optional extra)
-    except ImportError:
-        raise ConfigError("backend.name = \"ray\": Ray is not installed; pip install 'shoal[ray]' "
-                          "(make setup installs it)") from None
+    # that Ray is installed was checked at the package's door (shoal/backends/ray/__init__.py)
     if cfg.backend.mode != "train":
         raise ConfigError("backend.mode: cost mode is simulator-only; use backend.name = \"sim\"")
     if cfg.network.aggregation == "ina" and cfg.backend.max_restarts > 0:
@@ -109,7 +104,6 @@ def validate(cfg: Config) -> None:
         except ImportError:
             raise ConfigError(f"backend.address {address!r}: Ray client needs grpcio; pip install 'ray[client]'") from None
 
-
 def check_resume(cfg: Config, run_dir: Path) -> None:
     """Fail early (exit 2) if ``run_dir`` holds no usable checkpoint for this config."""
     if cfg.backend.name != "ray":
@@ -126,12 +120,8 @@ def check_resume(cfg: Config, run_dir: Path) -> None:
             f"config asks {cfg.sync.scheme} with {cfg.cluster.workers}"
         )
 
-
 def start_local_ray(num_cpus: int) -> None:
     """An embedded Ray instance bound to 127.0.0.1, without dashboard, usage stats or idle workers."""
-    import ray
-    from ray._private import ray_constants
-
     os.environ.update(LOCAL_ENV)  # Ray's own processes read these when they start
     os.environ.pop("RAY_ADDRESS", None)
     # Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when it is first imported; if that happened
@@ -143,7 +133,6 @@ def start_local_ray(num_cpus: int) -> None:
         _system_config=LOCAL_SYSTEM_CONFIG,
     )
 
-
 def plugin_folders(cfg: Config) -> list[str]:
     """The folders of the run's python:FILE.py plug-ins (model, data, loss, metric, scheme, compressor)."""
     from shoal.plugins import is_plugin, split_spec
@@ -151,7 +140,6 @@ def plugin_folders(cfg: Config) -> list[str]:
     specs = [cfg.model.name, cfg.data.name, cfg.task.loss, cfg.task.metric, cfg.sync.scheme, cfg.compression.method]
     files = [split_spec(s)[0] for s in specs if is_plugin(s)]
     return sorted({str(Path(f).parent) for f in files if f.endswith(".py")})
-
 
 def probe_address(address: str, timeout_s: float = 5.0) -> None:
     """Fail in seconds, with one line, when nothing listens at a ``host:port`` cluster address.
@@ -170,11 +158,8 @@ def probe_address(address: str, timeout_s: float = 5.0) -> None:
         raise ConfigError(f"backend.address {address!r}: nothing answers at {host}:{port} ({reason}); "
                           f"start the cluster (ray start --head) or fix the address") from None
 
-
 def _join_cluster(address: str, plugin_dirs: list[str]) -> None:
     """Join a cluster; the folders of the run's plug-in files travel to every node (Ray ``py_modules``)."""
-    import ray
-
     probe_address(address)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     runtime_env = {"py_modules": plugin_dirs} if plugin_dirs else None
@@ -192,8 +177,6 @@ def ray_session(backend: BackendConfig, cpus_needed: float, plugin_dirs: list[st
     Local mode shares this machine's files, so plug-in files load from their absolute paths; on a cluster
     their folders are shipped with the job.
     """
-    import ray
-
     _pickle_plugins_by_value()
     if ray.is_initialized():
         yield "existing"
@@ -210,11 +193,8 @@ def ray_session(backend: BackendConfig, cpus_needed: float, plugin_dirs: list[st
     finally:
         ray.shutdown()
 
-
 def _pickle_plugins_by_value() -> None:
     """Send the classes of loaded plug-in files by value, so an actor can unpickle a user's policy or compressor."""
-    from ray import cloudpickle
-
     from shoal.plugins import file_modules
 
     for module in file_modules():

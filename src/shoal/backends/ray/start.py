@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import ray
 
 from shoal.backends.ray.data import shard_ref
 from shoal.backends.ray.evaluator import Evaluator
@@ -25,11 +26,9 @@ from shoal.cluster.grouping import choose_groups
 from shoal.errors import ConfigError
 from shoal.sync import SyncPolicy
 
-
 STARTUP_TIMEOUT_S = 300.0
 CLUSTER_GROW_S = 20.0  # how long a joined cluster may take to offer the CPUs a run requests (autoscaling)
 LOCAL_PLACE_S = 5.0  # a local Ray has the CPUs it declared, or other actors hold them: nothing to wait for
-
 
 def wait_for_cpus(needed: float, cpus: Callable[[], float], timeout_s: float, poll_s: float = 1.0,
                   sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> float:
@@ -41,11 +40,8 @@ def wait_for_cpus(needed: float, cpus: Callable[[], float], timeout_s: float, po
         have = cpus()
     return have
 
-
 def started(ref: Any) -> Any:
     """An actor's answer to its first call; bad input it found while starting (ConfigError) as one line."""
-    import ray
-
     try:
         return ray.get(ref)
     except ray.exceptions.RayActorError as err:  # Ray keeps the constructor's error only as text
@@ -54,7 +50,6 @@ def started(ref: Any) -> Any:
         if err.actor_init_failed and marker in last:
             raise ConfigError(last.split(marker, 1)[1]) from None
         raise
-
 
 class ActorSetup:
     """Creates the group servers, workers and switch actors of a run and starts the workers' loops."""
@@ -76,8 +71,6 @@ class ActorSetup:
         real hardware, where nothing predicts the groups). So the policy is told
         how many fit now (a cluster that grows later is not counted).
         """
-        import ray
-
         b = self.cfg.backend
         if self.gssp is None or self.collective or b.cpus_per_server <= 0:
             return
@@ -123,8 +116,6 @@ class ActorSetup:
 
     def _placed(self, cls: type, options: dict[str, Any], args: tuple[Any, ...], kind: str) -> Any:
         """A new actor, in a free reserved bundle of ``kind`` if there is one (ray_placement)."""
-        import ray
-
         extra, index = self.reservation.take(kind) if self.reservation is not None else ({}, None)
         handle = ray.remote(cls).options(**options, **extra).remote(*args)
         if index is not None:
@@ -154,8 +145,6 @@ class ActorSetup:
 
     def _actor(self, cls: type, options: dict[str, Any], args: tuple[Any, ...], kind: str) -> Any:
         """A new actor (in a reserved bundle of ``kind`` if free), or a kept one re-initialised (ActorPool)."""
-        import ray
-
         key = (cls.__name__, *sorted(options.items()))
         handle = ActorPool.take(key) if self.where == "existing" else None
         if handle is not None:  # waited for: an async actor may run later calls before an earlier one
@@ -167,8 +156,6 @@ class ActorSetup:
 
     def _put_shards(self) -> None:
         """What each worker gets its shard from: a reference it loads itself, or the shard (ray_data)."""
-        import ray
-
         ds = self.setup.dataset
         self._shards = []
         for stream in self.setup.streams:
@@ -179,8 +166,6 @@ class ActorSetup:
             self._shards.append(ray.put((ds.x_train[idx].numpy(), ds.y_train[idx].numpy())))
 
     def _check_resources(self) -> None:
-        import ray
-
         total = ray.cluster_resources()
         gpus = self.cfg.backend.gpus_per_worker * self.n
         if gpus > 0 and total.get("GPU", 0.0) < gpus:
@@ -201,8 +186,6 @@ class ActorSetup:
 
     def _start(self) -> None:
         """Create the actors (from the initial state or a checkpoint) and wait until all are ready."""
-        import ray
-
         self._check_resources()
         self._limit_group_servers()
         self._reserve()
@@ -233,16 +216,12 @@ class ActorSetup:
 
     def _start_evaluator(self) -> None:
         """The actor that runs the periodic evaluations (no CPU reserved: it works only now and then)."""
-        import ray
-
         ds = self.setup.dataset
         args = (self.cfg, ray.put(ds.x_test.numpy()), ray.put(ds.y_test.numpy()), ds.num_classes, ds.input_shape)
         self.evaluator = self._actor(Evaluator, {"num_cpus": 0, "max_concurrency": 1}, args, "evaluator")
 
     def _wait_ready(self, others: list[Any]) -> None:
         """Every worker and ``others`` answered a ping (workers report their pid and device)."""
-        import ray
-
         pings = {self.workers[w].ping.remote(): w for w in range(self.n)}
         pings |= {s.ping.remote(): -1 for s in others}
         pending, deadline = list(pings), time.monotonic() + STARTUP_TIMEOUT_S
@@ -265,8 +244,6 @@ class ActorSetup:
 
     def _start_switches(self) -> None:
         """One switch actor per aggregation switch of the plan; every worker learns its node, the server the workers."""
-        import ray
-
         plan, net = self.plan, self.cfg.network
         assert plan is not None
         members: dict[str, list[str]] = {}
@@ -289,8 +266,6 @@ class ActorSetup:
 
     def _collect_dataplane(self) -> None:
         """The data plane's counters: per switch, the server's receiving side and the workers' senders (summed)."""
-        import ray
-
         if self.plan is None:
             return
         switches = dict(zip(self.switches, ray.get([s.counters.remote() for s in self.switches.values()], timeout=30)))
@@ -324,8 +299,6 @@ class ActorSetup:
         return policy
 
     def _install_servers(self, policies: list[SyncPolicy], resumed: dict[str, Any] | None) -> None:
-        import ray
-
         track_own = self.gssp is not None
         if resumed is None:
             params, buffers = self.setup.engine.initial_state()
