@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 import shutil
 
+import pytest
+
 from conftest import ROOT
 
 
+@pytest.mark.slow  # a walkthrough of docs/api.md end to end (make test runs it; make test-fast leaves it out)
 def test_the_api_page_runs(tmp_path, monkeypatch):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     monkeypatch.chdir(tmp_path)

@@ -409,3 +409,8 @@ def test_the_json_schema_is_current_and_accepts_every_example():
         jsonschema.validate(tomllib.loads(text), schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"run": {"max_time_s": 1, "no_such_key": 2}}, schema)
+    plugged = {"sync": {"scheme": "python:my_scheme.py:Mine"}, "compression": {"method": "python:pkg.mod:Codec"}}
+    jsonschema.validate(plugged, schema)  # a user's own class is not flagged by an editor
+    for wrong in ({"sync": {"scheme": "warp"}}, {"compression": {"method": "zip"}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, schema)

@@ -20,7 +20,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, NonNegativeI
                       model_validator)
 
 from shoal.errors import ConfigDeprecation, ConfigError
-from shoal.registry import COMPRESSORS, PLANNERS, SCHEMES, Registry
+from shoal.registry import COMPRESSORS, DATA_FORMATS, DATASETS, MODELS, PLANNERS, SCHEMES, Registry
 
 __all__ = ["Config", "ConfigError", "build_config", "load_config", "to_toml"]
 
@@ -54,7 +54,33 @@ class RunConfig(Section):
     tensorboard: bool = Field(False, description="Also write TensorBoard scalars to OUT/tensorboard (accuracy, loss, bytes moved, per-group iterations per second; needs pip install 'shoal[tensorboard]').")
 
 
-MODEL_BUILTINS = ("lenet5", "mlp", "resnet18", "vgg11")
+def _registered(registry: Registry[Any], value: str, *also: str) -> str:
+    """``value`` if ``registry`` (or ``also``) knows it or it is a plug-in that meets the protocol (its file path
+    made absolute), else a one-line error listing what it knows."""
+    from shoal.plugins import is_plugin, resolve_spec
+
+    if value in also or value in registry:
+        return value
+    if is_plugin(value):
+        spec = resolve_spec(value)
+        registry.plugin(spec)  # imports the user's class and checks it: a ConfigError (a ValueError) when it does not fit
+        return spec
+    raise ValueError(f"unknown {registry.kind} {value!r}; use one of {', '.join((*also, *registry.names()))} "
+                     f"or python:FILE.py:CLASS")
+
+
+def _choices(registry: Registry[Any], *also: str, plugins: bool = False) -> Callable[[dict[str, Any]], None]:
+    """JSON-schema hook: the registered names as the key's ``enum`` (read when the schema is generated); with
+    ``plugins``, a ``python:`` spec is allowed beside them, so an editor does not flag a user's own class."""
+
+    def add(schema: dict[str, Any]) -> None:
+        names = [*also, *registry.names()]
+        if plugins:
+            schema["anyOf"] = [{"enum": names}, {"pattern": "^python:"}]
+        else:
+            schema["enum"] = names
+
+    return add
 
 
 def _plugin_or(builtins: tuple[str, ...], value: str, what: str) -> str:
@@ -69,23 +95,19 @@ def _plugin_or(builtins: tuple[str, ...], value: str, what: str) -> str:
 
 
 class ModelConfig(Section):
-    name: str = Field("lenet5", description="Model: lenet5 | mlp | resnet18 | vgg11 | python:FILE.py:FUNCTION | python:package.module:FUNCTION (called as FUNCTION(input_shape=..., num_classes=..., **model.options), returns a torch.nn.Module).")
+    name: str = Field("lenet5", description="Model: a registered one or python:FILE.py:FUNCTION | python:package.module:FUNCTION (called as FUNCTION(input_shape=..., num_classes=..., **model.options), returns a torch.nn.Module).", json_schema_extra=_choices(MODELS, plugins=True))
     hidden: PositiveInts = Field([256, 128], description="Hidden layer widths of the mlp model.")
     options: dict[str, Any] = Field({}, description="Keyword arguments passed through to a python: model factory.")
 
     @field_validator("name")
     @classmethod
     def _known_model(cls, v: str) -> str:
-        """lenet5, mlp, resnet18, vgg11, or a python: plug-in whose file exists"""
-        return _plugin_or(MODEL_BUILTINS, v, "model")
-
-
-DATA_BUILTINS = ("mnist5k", "digits", "synthetic")
-DATA_FILE_KINDS = ("idx", "cifar10", "npz")
+        """a registered model or a python: plug-in whose file exists"""
+        return _plugin_or(MODELS.names(), v, "model")
 
 
 class DataConfig(Section):
-    name: str = Field("mnist5k", description="mnist5k | digits | synthetic | idx:PATH | cifar10:PATH | npz:PATH | python:FILE.py:FUNCTION (FUNCTION(**data.options) returns (train, test), each a Dataset of (x, y) or a pair of tensors).")
+    name: str = Field("mnist5k", description="A registered data set, KIND:PATH for a file in a registered format (idx:PATH, cifar10:PATH, npz:PATH), or python:FILE.py:FUNCTION (FUNCTION(**data.options) returns (train, test), each a Dataset of (x, y) or a pair of tensors).")
     options: dict[str, Any] = Field({}, description="Keyword arguments passed through to a python: data function.")
     batch_size: int = Field(32, gt=0, description="Mini-batch size per worker iteration.")
     test_fraction: float = Field(0.2, gt=0, lt=1, description="Fraction of the data held out for evaluation.")
@@ -104,14 +126,15 @@ class DataConfig(Section):
     @field_validator("name")
     @classmethod
     def _known_source(cls, v: str) -> str:
-        """mnist5k, digits, synthetic, a python: plug-in, or KIND:PATH with KIND one of idx, cifar10, npz and PATH an existing file or folder"""
-        if v in DATA_BUILTINS:
+        """a registered data set, a python: plug-in, or KIND:PATH with KIND a registered file format and PATH an existing file or folder"""
+        if v in DATASETS:
             return v
         if v.startswith("python:"):
-            return _plugin_or(DATA_BUILTINS, v, "data set")
+            return _plugin_or(DATASETS.names(), v, "data set")
         kind, sep, path = v.partition(":")
-        if not sep or kind not in DATA_FILE_KINDS:
-            raise ValueError(f"unknown data set {v!r}; use one of {', '.join(DATA_BUILTINS)} or KIND:PATH with KIND in {', '.join(DATA_FILE_KINDS)}")
+        if not sep or kind not in DATA_FORMATS:
+            raise ValueError(f"unknown data set {v!r}; use one of {', '.join(DATASETS.names())} or KIND:PATH with KIND "
+                             f"in {', '.join(DATA_FORMATS.names())}")
         if not Path(path).expanduser().exists():
             raise ValueError(f"path {path!r} does not exist")
         return v
@@ -234,30 +257,6 @@ class ClusterConfig(Section):
         return [speed for c in self.schedule() for speed in (c.speeds or [1.0] * c.add)]
 
 
-def _registered(registry: Registry[Any], value: str, *also: str) -> str:
-    """``value`` if ``registry`` (or ``also``) knows it or it is a plug-in that meets the protocol (its file path
-    made absolute), else a one-line error listing what it knows."""
-    from shoal.plugins import is_plugin, resolve_spec
-
-    if value in also or value in registry:
-        return value
-    if is_plugin(value):
-        spec = resolve_spec(value)
-        registry.plugin(spec)  # imports the user's class and checks it: a ConfigError (a ValueError) when it does not fit
-        return spec
-    raise ValueError(f"unknown {registry.kind} {value!r}; use one of {', '.join((*also, *registry.names()))} "
-                     f"or python:FILE.py:CLASS")
-
-
-def _choices(registry: Registry[Any], *also: str) -> Callable[[dict[str, Any]], None]:
-    """JSON-schema hook: the registered names as the key's ``enum`` (read when the schema is generated)."""
-
-    def add(schema: dict[str, Any]) -> None:
-        schema["enum"] = [*also, *registry.names()]
-
-    return add
-
-
 class SSPOptions(Section):
     """``[sync.ssp]``: stale-synchronous parallel."""
 
@@ -320,7 +319,7 @@ FLAT_KEY_SECTIONS = ("ssp", "gssp", "localsgd", "diloco")
 
 
 class SyncConfig(Section):
-    scheme: str = Field("bsp", description="Synchronisation scheme, one of the registered ones (localsgd: average models every local_steps; diloco: outer Nesterov step on the averaged change), or a plug-in: python:FILE.py:CLASS (docs/extending.md).", json_schema_extra=_choices(SCHEMES))
+    scheme: str = Field("bsp", description="Synchronisation scheme, one of the registered ones (localsgd: average models every local_steps; diloco: outer Nesterov step on the averaged change), or a plug-in: python:FILE.py:CLASS (docs/extending.md).", json_schema_extra=_choices(SCHEMES, plugins=True))
     intra_group: Literal["server", "allreduce"] = Field("server", description="bsp and gssp: how a group combines its gradients. server: workers pull from and push to a (group) parameter server (GSSP: SSP inside each group, as the paper); allreduce: the group is synchronous, every member keeps its own replica and optimizer and the gradients are ring all-reduced (on ray: torch.distributed DDP, gloo on CPU, NCCL on GPU; on sim: a ring all-reduce's cost); GSSP groups still exchange their own deltas asynchronously, dense, and nobody is excused as a transient straggler.")
     options: dict[str, Any] = Field({}, description="Keyword arguments passed through to a python: scheme's constructor (after the workers).")
     ssp: SSPOptions = SSPOptions()
@@ -400,7 +399,7 @@ class SimilarityConfig(Section):
 
 
 class CompressionConfig(Section):
-    method: str = Field("none", description="Compressor for worker uploads: none, one of the registered ones (gdtopk: top-k with a per-group density schedule), or a plug-in: python:FILE.py:CLASS, a shoal.compress.Compressor subclass (docs/extending.md).", json_schema_extra=_choices(COMPRESSORS, "none"))
+    method: str = Field("none", description="Compressor for worker uploads: none, one of the registered ones (gdtopk: top-k with a per-group density schedule), or a plug-in: python:FILE.py:CLASS, a shoal.compress.Compressor subclass (docs/extending.md).", json_schema_extra=_choices(COMPRESSORS, "none", plugins=True))
     options: dict[str, Any] = Field({}, description="Keyword arguments passed through to a python: compressor's constructor.")
     density: float = Field(0.01, gt=0, le=1, description="Fraction of values kept by sparsifying compressors.")
     rank: int = Field(4, ge=1, description="powersgd: rank r of the low-rank approximation of each matrix-shaped tensor.")

@@ -31,13 +31,13 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from shoal.config import Config, toml_value
-from shoal.registry import COMPRESSORS, PLANNERS, SCHEMES
+from shoal.registry import COMPRESSORS, DATA_FORMATS, DATASETS, MODELS, PLANNERS, SCHEMES
 
 DEFAULT_PATH = Path("docs/configuration.md")
 REGENERATE = "make docs  (or: .venv/bin/python -m shoal.docgen --out docs/configuration.md)"
 
 # Validators of a registered name (the allowed column lists the registry's names, from the key's JSON-schema enum).
-LISTED_BY_ENUM = {"_known_scheme", "_known_compressor", "_known_planner"}
+LISTED_BY_ENUM = {"_known_scheme", "_known_compressor", "_known_planner", "_known_model"}
 
 
 @dataclass
@@ -144,6 +144,8 @@ def _registered(field: FieldInfo) -> list[str]:
     extra: dict[str, Any] = {}
     if callable(field.json_schema_extra):
         field.json_schema_extra(extra)
+    if "anyOf" in extra:  # registered names or a python: plug-in
+        return ["one of " + ", ".join(_toml(v) for v in extra["anyOf"][0]["enum"]) + ", or a python: plug-in"]
     return ["one of " + ", ".join(_toml(v) for v in extra["enum"])] if "enum" in extra else []
 
 
@@ -398,10 +400,11 @@ def render(model: type[BaseModel] = Config) -> str:
 
 
 def _registries() -> list[str]:
-    """The registered schemes, compressors and planners, each with its one line of help."""
+    """Every registry (models, data sets and formats, schemes, compressors, planners), each name with its help."""
     out = ["## Registered components", "",
            "Each of these registers itself where it is defined (docs/extending.md says how to add one):", ""]
-    for registry, key in ((SCHEMES, "sync.scheme"), (COMPRESSORS, "compression.method"), (PLANNERS, "network.algorithm")):
+    for registry, key in ((MODELS, "model.name"), (DATASETS, "data.name"), (DATA_FORMATS, "data.name = \"KIND:PATH\", KIND"),
+                          (SCHEMES, "sync.scheme"), (COMPRESSORS, "compression.method"), (PLANNERS, "network.algorithm")):
         out += [f"`{key}`:", ""]
         out += [f"- `{name}`: {entry.help}" for name, entry in registry.entries().items()]
         out.append("")

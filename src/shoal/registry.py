@@ -117,5 +117,11 @@ def _qualname(item: Any) -> str:
 SCHEMES: Registry[Any] = Registry("scheme", "shoal.sync")
 #: upload compressors (``compression.method``): ``shoal.compress.base.Compressor`` subclasses
 COMPRESSORS: Registry[Any] = Registry("compressor", "shoal.compress")
+#: models (``model.name``): factories ``(input_shape, num_classes, *, hidden=None) -> nn.Module``
+MODELS: Registry[Any] = Registry("model", "shoal.models")
+#: built-in data sets (``data.name``): loaders ``(seed, samples) -> shoal.data.formats.Raw``
+DATASETS: Registry[Any] = Registry("data set", "shoal.data")
+#: data file formats (``data.name = "KIND:PATH"``): readers ``(path) -> shoal.data.formats.Raw``
+DATA_FORMATS: Registry[Any] = Registry("data file format", "shoal.data")
 #: in-network aggregation planners (``network.algorithm``, ``shoal route --algo``): planner functions
 PLANNERS: Registry[Any] = Registry("planner", "shoal.network.algorithms")

