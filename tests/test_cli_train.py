@@ -32,6 +32,7 @@ def test_train_writes_the_run_files(tmp_path):
     assert "final accuracy" in result.stdout
 
 
+@pytest.mark.slow
 def test_resolved_config_reproduces_the_run(tmp_path):
     assert shoal("train", *_sets("sync.scheme=ssp"), "--out", str(tmp_path / "a"), "-q").returncode == 0
     again = shoal("train", "--config", str(tmp_path / "a" / "config.toml"), "--out", str(tmp_path / "b"), "-q")
@@ -93,6 +94,7 @@ def test_malformed_data_file_is_rejected_before_writing(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_an_earlier_run_is_never_overwritten_by_accident(tmp_path):
     out = tmp_path / "run"
     assert shoal("train", *_sets(), "--out", str(out), "-q").returncode == 0

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import FAST
 
 SHOAL = [sys.executable, "-m", "shoal"]
@@ -36,6 +38,7 @@ def without(tmp_path: Path, *names: str, args: list[str]) -> subprocess.Complete
     return subprocess.run(SHOAL + args, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
 
 
+@pytest.mark.slow
 def test_without_ray_sim_training_and_trace_run_and_ray_says_how_to_install_it(tmp_path):
     sets = [a for o in FAST for a in ("--set", o)]
     trained = without(tmp_path, "ray", args=["train", *sets, "--out", "run", "-q"])

@@ -63,6 +63,7 @@ def test_k_equal_to_the_workers_is_bsp_and_k_1_is_asp_bit_for_bit(tmp_path, k, s
     assert [w["wait_s"] for w in kbatch["per_worker"]] == [w["wait_s"] for w in other["per_worker"]]
 
 
+@pytest.mark.slow
 def test_half_the_workers_from_the_cli_waits_less_than_bsp(tmp_path):
     out = tmp_path / "k2"
     done = subprocess.run([sys.executable, "-m", "shoal", "train", "-q", "--out", str(out),

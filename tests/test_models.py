@@ -108,3 +108,20 @@ def test_bad_input_raises_config_error(kwargs: dict, fragment: str) -> None:
     hidden = args.pop("hidden", None)
     with pytest.raises(ConfigError, match=fragment):
         build_model(args["name"], args["input_shape"], args["num_classes"], hidden=hidden)
+
+
+def test_every_declared_model_data_set_and_format_imports_and_naming_them_needs_no_torch():
+    import subprocess
+    import sys
+
+    from shoal.registry import DATA_FORMATS, DATASETS
+
+    for registry in (MODELS, DATASETS, DATA_FORMATS):
+        for name in registry:
+            assert callable(registry[name]), name  # each declared import path resolves
+    check = ("import sys\nfrom shoal.config import load_config\n"
+             "load_config(None, ['model.name=resnet18', 'data.name=digits'])\n"
+             "from shoal.registry import MODELS\nassert 'resnet18' in MODELS.names()\n"
+             "assert 'torch' not in sys.modules, 'validating a config imported torch'\n")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -155,6 +155,7 @@ QSSP = f"python:{ROOT}/examples/plugins/quantile_ssp.py:QuantileSSP"
 TIERED = FAST + ["cluster.speeds=[1, 1, 2, 6]", "run.stop_at_target=false", "run.max_time_s=3"]
 
 
+@pytest.mark.slow
 def test_a_plugin_compressor_trains_from_the_cli_and_sends_a_quarter_of_the_bytes(tmp_path):
     runs = {}
     for name, extra in (("dense", []), ("int8", [f'compression.method="{INT8}"', "compression.options={levels = 127}"])):
@@ -201,6 +202,7 @@ def test_a_bad_plugin_compressor_or_scheme_is_one_line_exit_2(plugins, tmp_path,
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_plugin_scheme_is_a_compare_base(tmp_path):
     out = tmp_path / "cmp"
     done = shoal_cli("compare", "--schemes", f"ssp,{QSSP}@sync.options.quantile=0.5,bsp+{INT8}", "--out", str(out),

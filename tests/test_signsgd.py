@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -57,6 +58,7 @@ def test_error_feedback_keeps_what_the_sign_dropped():
     assert torch.allclose(sent + residual, sum(grads), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_signsgd_trains_end_to_end_and_sends_32x_less(tmp_path):
     def run(method: str) -> dict:
         out = tmp_path / method

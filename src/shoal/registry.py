@@ -31,8 +31,21 @@ class Entry(Generic[T]):
     help: str = ""
 
 
+@dataclass(frozen=True)
+class Lazy:
+    """An item named by its import path (``package.module:attribute``), imported the first time it is used, so a
+    registry can list names (config validation, the docs) without importing what the items need (torch)."""
+
+    target: str
+
+    def load(self) -> Any:
+        module, _, attribute = self.target.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
 class Registry(Generic[T]):
-    """Names -> items of one kind, discovered from the modules of ``home`` (a package name)."""
+    """Names -> items of one kind, discovered from ``home``: a package whose modules register themselves, or a
+    module that declares the items by import path (``declare``)."""
 
     def __init__(self, kind: str, home: str) -> None:
         self.kind = kind
@@ -58,6 +71,10 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r} is registered twice ({_qualname(known.item)}, {_qualname(item)})")
         self._entries[name] = Entry(name, item, help)
 
+    def declare(self, name: str, target: str, help: str = "") -> None:
+        """Register the item at ``target`` (``package.module:attribute``) under ``name`` without importing it."""
+        self.add(name, Lazy(target), help)  # type: ignore[arg-type]
+
     def accept_plugins(self, load: Callable[[str], T]) -> None:
         """Let ``python:FILE.py:CLASS`` names resolve through ``load``, which imports the user's class and checks
         it against the protocol of this kind (the home package sets it: it knows the protocol)."""
@@ -76,8 +93,8 @@ class Registry(Generic[T]):
         if self._discovered:
             return
         self._discovered = True
-        package = importlib.import_module(self.home)
-        for info in pkgutil.walk_packages(package.__path__, prefix=f"{self.home}."):
+        home = importlib.import_module(self.home)
+        for info in pkgutil.walk_packages(getattr(home, "__path__", []), prefix=f"{self.home}."):
             importlib.import_module(info.name)
 
     def entries(self) -> dict[str, Entry[T]]:
@@ -100,13 +117,19 @@ class Registry(Generic[T]):
         entries = self.entries()
         if name not in entries:
             raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(entries)}")
-        return entries[name].item
+        return self._resolve(entries[name])
 
     def get(self, name: str) -> T | None:
         if name.startswith(PLUGIN_PREFIX):
             return self.plugin(name)
         entry = self.entries().get(name)
-        return None if entry is None else entry.item
+        return None if entry is None else self._resolve(entry)
+
+    def _resolve(self, entry: Entry[T]) -> T:
+        """The entry's item, importing a declared one on first use."""
+        if isinstance(entry.item, Lazy):
+            self._entries[entry.name] = entry = Entry(entry.name, entry.item.load(), entry.help)
+        return entry.item
 
 
 def _qualname(item: Any) -> str:
@@ -117,11 +140,12 @@ def _qualname(item: Any) -> str:
 SCHEMES: Registry[Any] = Registry("scheme", "shoal.sync")
 #: upload compressors (``compression.method``): ``shoal.compress.base.Compressor`` subclasses
 COMPRESSORS: Registry[Any] = Registry("compressor", "shoal.compress")
-#: models (``model.name``): factories ``(input_shape, num_classes, *, hidden=None) -> nn.Module``
-MODELS: Registry[Any] = Registry("model", "shoal.models")
-#: built-in data sets (``data.name``): loaders ``(seed, samples) -> shoal.data.formats.Raw``
-DATASETS: Registry[Any] = Registry("data set", "shoal.data")
-#: data file formats (``data.name = "KIND:PATH"``): readers ``(path) -> shoal.data.formats.Raw``
-DATA_FORMATS: Registry[Any] = Registry("data file format", "shoal.data")
+#: models (``model.name``): factories ``(input_shape, num_classes, *, hidden=None) -> nn.Module``, declared in
+#: shoal.catalog by import path (their modules need torch; the names must not)
+MODELS: Registry[Any] = Registry("model", "shoal.catalog")
+#: built-in data sets (``data.name``): loaders ``(seed, samples) -> shoal.data.formats.Raw``, declared likewise
+DATASETS: Registry[Any] = Registry("data set", "shoal.catalog")
+#: data file formats (``data.name = "KIND:PATH"``): readers ``(path) -> shoal.data.formats.Raw``, declared likewise
+DATA_FORMATS: Registry[Any] = Registry("data file format", "shoal.catalog")
 #: in-network aggregation planners (``network.algorithm``, ``shoal route --algo``): planner functions
 PLANNERS: Registry[Any] = Registry("planner", "shoal.network.algorithms")

@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shoal.errors import ConfigError
-from shoal.registry import DATA_FORMATS
 
 CIFAR_CLASSES = 10
 
@@ -92,7 +91,6 @@ def _idx_pair(images: Path, labels: Path) -> tuple[np.ndarray, np.ndarray]:
     return x[:, None].astype(x.dtype.newbyteorder("=")), y.astype(np.int64)
 
 
-@DATA_FORMATS.register("idx", "MNIST IDX files: a folder with train (and t10k) images and labels, or one images file")
 def load_idx(path: Path) -> Raw:
     """MNIST-style IDX: a directory (train + optional t10k files) or a single images file."""
     if path.is_dir():
@@ -198,7 +196,6 @@ def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return data.reshape(-1, 3, 32, 32), y.astype(np.int64)
 
 
-@DATA_FORMATS.register("cifar10", "the CIFAR-10 python batches (a folder, or its cifar-10-batches-py child), read by a restricted unpickler")
 def load_cifar10(path: Path) -> Raw:
     """The CIFAR-10 python batches; ``test_batch`` becomes the test set when present."""
     if (path / "cifar-10-batches-py").is_dir():
@@ -237,7 +234,6 @@ def _as_nchw(x: np.ndarray, what: str) -> np.ndarray:
     raise ConfigError(f"{what}: images must have 2, 3 or 4 dimensions, got shape {x.shape}")
 
 
-@DATA_FORMATS.register("npz", "a numpy archive with x/y, or x_train/y_train and optionally x_test/y_test")
 def load_npz(path: Path) -> Raw:
     """A numpy archive with x/y or x_train/y_train[/x_test/y_test]; pickled objects are refused."""
     try:

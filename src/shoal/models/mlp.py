@@ -10,12 +10,10 @@ import math
 
 from torch import nn
 
-from shoal.registry import MODELS
 
 DEFAULT_HIDDEN = [256, 128]
 
 
-@MODELS.register("mlp", "a multi-layer perceptron of model.hidden widths over the flattened input")
 def mlp(input_shape: tuple[int, ...], num_classes: int, *, hidden: list[int] | None = None) -> nn.Module:
     widths = list(DEFAULT_HIDDEN if hidden is None else hidden)
     layers: list[nn.Module] = [nn.Flatten()]

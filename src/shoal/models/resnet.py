@@ -11,8 +11,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoal.registry import MODELS
-
 
 class BasicBlock(nn.Module):
     """Two 3x3 convs with batch norm and an identity (or 1x1 projection) shortcut."""
@@ -60,7 +58,6 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(out, 1))
 
 
-@MODELS.register("resnet18", "ResNet-18, CIFAR-style (3x3 stem, no max-pool), with batch norm")
 def resnet18(input_shape: tuple[int, int, int], num_classes: int, *, hidden: list[int] | None = None) -> nn.Module:
     """Registry entry; ``hidden`` belongs to the mlp and is ignored here."""
     return ResNet18(input_shape[0], num_classes)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from shoal.registry import MODELS
 
 # VGG-11 ("A"): numbers are conv widths at full scale, "M" is a 2x2 max pool.
 VGG11_LAYOUT: list[int | str] = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]
@@ -42,7 +41,6 @@ class VGG(nn.Module):
         return self.classifier(torch.flatten(out, 1))
 
 
-@MODELS.register("vgg11", "a small VGG-11 with batch norm")
 def vgg11(input_shape: tuple[int, int, int], num_classes: int, *, hidden: list[int] | None = None) -> nn.Module:
     """Registry entry; ``hidden`` belongs to the mlp and is ignored here."""
     return VGG(input_shape, num_classes)
