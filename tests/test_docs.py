@@ -51,7 +51,7 @@ USER_PAGES = ["getting-started.md", "own-profile.md", "fair-comparison.md", "api
 
 def test_configuration_reference_is_current():
     current = REFERENCE.read_text() if REFERENCE.is_file() else ""
-    assert current == docgen.render(), f"docs/configuration.md is out of date with src/shoal/config.py; regenerate it with: {REGENERATE}"
+    assert current == docgen.render(), f"docs/configuration.md is out of date with src/shoal/config/; regenerate it with: {REGENERATE}"
 
 
 def _schema_keys(model: type[BaseModel], prefix: str = "") -> list[str]:

@@ -351,7 +351,7 @@ def render(model: type[BaseModel] = Config) -> str:
     out = [
         "# Configuration reference",
         "",
-        "<!-- Generated from src/shoal/config.py by `python -m shoal.docgen`; do not edit by hand.",
+        "<!-- Generated from src/shoal/config/ by `python -m shoal.docgen`; do not edit by hand.",
         f"     Regenerate with: {REGENERATE} -->",
         "",
         "A run is configured by a TOML file (`shoal train --config FILE`) plus any",

@@ -1,0 +1,94 @@
+"""The root of a run's config: every section, and the rules that involve several of them."""
+
+from __future__ import annotations
+
+from pydantic import model_validator
+
+from shoal.config.base import Section
+from shoal.config.sections import (BackendConfig, ClusterConfig, CompressionConfig, DataConfig, ModelConfig,
+                                   NetworkConfig, OptimizerConfig, RunConfig, TaskConfig)
+from shoal.config.sync import SyncConfig
+from shoal.registry import COMPRESSORS, SCHEMES
+
+
+class Config(Section):
+    run: RunConfig = RunConfig()
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    task: TaskConfig = TaskConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    sync: SyncConfig = SyncConfig()
+    compression: CompressionConfig = CompressionConfig()
+    network: NetworkConfig = NetworkConfig()
+    backend: BackendConfig = BackendConfig()
+
+    def target(self) -> float | None:
+        """The metric value that ends the run: run.target, else target_accuracy for accuracy, else none."""
+        if self.run.target is not None:
+            return self.run.target
+        return self.run.target_accuracy if self.task.metric == "accuracy" else None
+
+    @model_validator(mode="after")
+    def _plugin_options(self) -> "Config":
+        """Plug-in options:
+
+        - `sync.options` and `compression.options` only with a python: plug-in
+        - a plug-in scheme or compressor is built once with its options, so a bad class or bad options fail before the run
+        """
+        from shoal.plugins import call, is_plugin
+
+        for key, name, options in (("sync", self.sync.scheme, self.sync.options),
+                                   ("compression", self.compression.method, self.compression.options)):
+            if options and not is_plugin(name):
+                raise ValueError(f"{key}.options: only a python: plug-in takes options, not {name!r}")
+        if is_plugin(self.sync.scheme):
+            spec = SCHEMES[self.sync.scheme]
+            call(lambda: spec.policy(list(range(self.cluster.workers)), self.sync), "sync.scheme", self.sync.scheme)
+        if is_plugin(self.compression.method):
+            compressor = COMPRESSORS[self.compression.method]
+            call(lambda: compressor.from_config(self.compression, self.run.seed), "compression.method", self.compression.method)
+        return self
+
+    @model_validator(mode="after")
+    def _similarity_needs_gradients(self) -> "Config":
+        """Rules across sections:
+
+        - a python: `task.metric` says whether higher is better (`task.higher_is_better`)
+        - SIM (`compression.similarity.enabled`) measures real gradients: not with `backend.mode = "cost"`
+        - SIM does not go with a scheme that already averages periodically (localsgd, diloco), and such a scheme steps real local models: not with `backend.mode = "cost"`
+        - `sync.intra_group = "allreduce"` needs a synchronous scheme (bsp, gssp), dense gradients (`compression.method = "none"`, no SIM) and `network.aggregation = "server"`
+        - `network.aggregation = "ina"` needs one synchronous round (`sync.scheme = "bsp"`) and dense gradients; `network.worker_hosts`, when given, names one host per worker
+        - `cluster.membership` needs the server path: no all-reduce groups, no in-network aggregation
+        """
+        if self.task.higher_is_better is None and self.task.metric.startswith("python:"):
+            raise ValueError("task.higher_is_better: say whether a higher value of your metric is better (true or false)")
+        if self.compression.similarity.enabled and self.backend.mode == "cost":
+            raise ValueError("compression.similarity: SIM measures real gradients, so it needs backend.mode = \"train\"")
+        scheme = SCHEMES[self.sync.scheme]
+        if scheme.local_models:
+            if self.compression.similarity.enabled:
+                others = ", ".join(name for name, e in SCHEMES.entries().items() if not e.item.local_models)
+                raise ValueError(f"compression.similarity: {self.sync.scheme} already averages periodically; SIM applies to {others}")
+            if self.backend.mode == "cost":
+                raise ValueError(f"sync.scheme: {self.sync.scheme} steps real local models, so it needs backend.mode = \"train\"")
+        if self.sync.intra_group == "allreduce":
+            if not scheme.allreduce:
+                synchronous = " or ".join(f"\"{name}\"" for name, spec in SCHEMES.entries().items() if spec.item.allreduce)
+                raise ValueError(f"sync.intra_group: all-reduce groups are synchronous: sync.scheme = {synchronous}, not {self.sync.scheme}; use intra_group = \"server\"")
+            if self.compression.method != "none" or self.compression.similarity.enabled:
+                raise ValueError("sync.intra_group: the all-reduce path sends dense gradients; use compression.method = \"none\" without SIM")
+            if self.network.aggregation == "ina":
+                raise ValueError("sync.intra_group: in-network aggregation sums at switches through the server path; use intra_group = \"server\"")
+        if self.network.aggregation == "ina":
+            if not scheme.ina:
+                raise ValueError("network.aggregation: in-network aggregation sums one synchronous round, so it needs sync.scheme = \"bsp\"")
+            if self.compression.method != "none" or self.compression.similarity.enabled:
+                raise ValueError("network.aggregation: switches sum dense gradients; use compression.method = \"none\" without SIM")
+            if self.network.worker_hosts and len(self.network.worker_hosts) != self.cluster.workers:
+                raise ValueError(f"network.worker_hosts: {len(self.network.worker_hosts)} hosts for {self.cluster.workers} workers")
+        if self.cluster.membership and (self.sync.intra_group == "allreduce" or self.network.aggregation == "ina"):
+            raise ValueError("cluster.membership: workers join and leave the server path; all-reduce groups and "
+                             "in-network aggregation plans are fixed at the start (use intra_group = \"server\", "
+                             "network.aggregation = \"none\")")
+        return self

@@ -1,0 +1,124 @@
+"""[sync]: the scheme and one section per scheme's options, whose defaults are the only defaults.
+
+The keys that were flat in [sync] before sections existed (``sync.paced``)
+still load: a ``mode="before"`` validator moves each into every section
+that has it, with one ``ConfigDeprecation`` warning per key.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from shoal.config.base import Section, _choices, _registered
+from shoal.errors import ConfigDeprecation
+from shoal.registry import SCHEMES
+
+
+class SSPOptions(Section):
+    """``[sync.ssp]``: stale-synchronous parallel."""
+
+    staleness: int = Field(3, ge=0, description="The bound s: a worker may be at most s iterations ahead of the slowest.")
+
+
+class GSSPOptions(Section):
+    """``[sync.gssp]``: grouped SSP, the defaults GSSP runs with (its constructor takes this section)."""
+
+    staleness: int = Field(3, ge=0, description="The SSP bound s inside each group: at most s iterations ahead of the slowest.")
+    groups: int | Literal["auto"] = Field("auto", description="Number of groups, or auto (fewest whose fit reaches group_threshold).")
+    group_threshold: float = Field(0.95, gt=0, le=1, description="Auto grouping: goodness of variance fit to reach (on log iteration times).")
+    max_groups: int = Field(8, ge=1, description="Auto grouping: most groups to consider.")
+    group_momentum: Literal["server", "global", "busiest"] = Field("busiest", description="With SGD momentum: server = each group server's own momentum, as the paper (collapses when groups are small and slow); global = each group server decays its momentum on the clock of all updates, so momentum acts per sample as on one server; busiest = every group server decays its momentum as the busiest one does under global, so no group takes larger steps per update than the busiest (docs/gssp.md). Every mode moves each gradient by lr / (1 - momentum) in total.")
+    exchange_every: int = Field(4, ge=1, description="A group server sends its own delta to its peers every this many local updates.")
+    exchange_clock: Literal["own", "global"] = Field("own", description="own = every group server sends after exchange_every of its own updates (the paper); global = after a number of its own updates in proportion to its share of all updates (exchange_every for a group of average share), so every group sends about equally often in time and a slow group's delta is not stale when it arrives.")
+    paced: bool = Field(True, description="On group servers: SSP clocks inside a group run at each member's profiled pace (its iteration time over the group's slowest), so members of steadily different speeds do not wait for each other and only one slower than its profile holds the group back; false = plain SSP in each group, as the paper (a group then runs at its slowest member's pace).")
+    profile_iterations: int = Field(3, ge=1, description="Iterations per worker measured before the first grouping.")
+    confirm_span: float = Field(48.0, ge=0, description="With transient_factor > 0: a worker whose profile is over split_ratio times the fastest is split off by the first grouping (or moved to a slower group later) only once every one of its iterations was that slow for this many of the fastest worker's iteration times in a row, and nobody waits for it before the split; a slow spell is not a slow worker (docs/gssp.md); 0 = split on the profile alone.")
+    confirm_fraction: float = Field(0.5, gt=0, le=1, description="With confirm_span: slow-looking workers confirm only when fewer than this share of the workers look slow once all are profiled (spells hit a few workers at a time); when more look slow, speeds are spread and the split is taken on the profiles at once, as with confirm_span = 0 (1 = always confirm).")
+    profile_window: int = Field(20, ge=1, description="A worker's speed is the 20th percentile of its last this many iteration times.")
+    regroup: bool = Field(True, description="Move workers when their observed speed drifts.")
+    regroup_margin: float = Field(0.05, ge=0, le=1, description="How much better (in fit) a new grouping must be to move workers.")
+    regroup_patience: int = Field(3, ge=1, description="Consecutive checks a better grouping must persist (absorbs transient stragglers).")
+    regroup_cooldown_s: float = Field(5.0, ge=0, description="Seconds (virtual on sim) after a regroup before the next one may happen.")
+    transient_factor: float = Field(2.0, ge=0, description="An iteration over this many times a worker's profiled speed makes it a transient straggler that its group does not wait for until it runs at its usual speed again (0 = off, as the paper).")
+    split_ratio: float = Field(1.5, ge=1, description="Auto grouping: neighbouring groups' median iteration times must differ by at least this factor, else they merge (1 = no floor).")
+
+    @field_validator("groups")
+    @classmethod
+    def _positive_groups(cls, v: int | str) -> int | str:
+        """a count must be >= 1"""
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be a positive count or \"auto\"")
+        return v
+
+
+class LocalSGDOptions(Section):
+    """``[sync.localsgd]``: periodic model averaging."""
+
+    local_steps: int = Field(8, ge=1, description="Local optimizer steps between two averagings (H).")
+
+
+class DiLoCoOptions(Section):
+    """``[sync.diloco]``: an outer Nesterov step on the averaged change."""
+
+    local_steps: int = Field(8, ge=1, description="Inner optimizer steps between two outer steps (H).")
+    outer_lr: float = Field(0.7, gt=0, description="Learning rate of the outer Nesterov SGD on the averaged pseudo-gradient (DiLoCo: 0.7).")
+    outer_momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum of the outer step (DiLoCo: 0.9).")
+
+
+class KBatchOptions(Section):
+    """``[sync.kbatch]``: K-batch synchronous SGD."""
+
+    k: int | None = Field(None, ge=1, description="Gradients (from distinct workers) that make one update: cluster.workers (or more) = BSP, 1 = ASP; none = half the workers, rounded up.")
+
+
+#: the sections of [sync] whose keys were flat before sections existed (``sync.paced``): old configs map into them
+FLAT_KEY_SECTIONS = ("ssp", "gssp", "localsgd", "diloco")
+
+
+class SyncConfig(Section):
+    scheme: str = Field("bsp", description="Synchronisation scheme, one of the registered ones (localsgd: average models every local_steps; diloco: outer Nesterov step on the averaged change), or a plug-in: python:FILE.py:CLASS (docs/extending.md).", json_schema_extra=_choices(SCHEMES, plugins=True))
+    intra_group: Literal["server", "allreduce"] = Field("server", description="bsp and gssp: how a group combines its gradients. server: workers pull from and push to a (group) parameter server (GSSP: SSP inside each group, as the paper); allreduce: the group is synchronous, every member keeps its own replica and optimizer and the gradients are ring all-reduced (on ray: torch.distributed DDP, gloo on CPU, NCCL on GPU; on sim: a ring all-reduce's cost); GSSP groups still exchange their own deltas asynchronously, dense, and nobody is excused as a transient straggler.")
+    options: dict[str, Any] = Field({}, description="Keyword arguments passed through to a python: scheme's constructor (after the workers).")
+    ssp: SSPOptions = SSPOptions()
+    gssp: GSSPOptions = GSSPOptions()
+    localsgd: LocalSGDOptions = LocalSGDOptions()
+    diloco: DiLoCoOptions = DiLoCoOptions()
+    kbatch: KBatchOptions = KBatchOptions()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keys(cls, data: Any) -> Any:
+        """Old flat keys (`sync.paced`, `sync.staleness`, ...) still work: each moves into every section that has it, with one deprecation line."""
+        return _move_flat_keys(data) if isinstance(data, dict) else data
+
+    @field_validator("scheme")
+    @classmethod
+    def _known_scheme(cls, v: str) -> str:
+        """a registered scheme or a python: plug-in that meets the protocol"""
+        return _registered(SCHEMES, v)
+
+
+def _move_flat_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a ``[sync]`` table with every flat scheme key moved into the sections that have it.
+
+    A key set in a section as well keeps the section's value (the newer
+    spelling is the more specific one).
+    """
+    data = dict(data)
+    models = {name: SyncConfig.model_fields[name].annotation for name in FLAT_KEY_SECTIONS}
+    for key in [k for k in data if k not in SyncConfig.model_fields]:
+        owners = [name for name, model in models.items() if key in model.model_fields]
+        if not owners:
+            continue
+        value = data.pop(key)
+        for name in owners:
+            section = data.get(name)
+            section = dict(section) if isinstance(section, dict) else {}
+            section.setdefault(key, value)
+            data[name] = section
+        new = " and ".join(f"sync.{name}.{key}" for name in owners)
+        warnings.warn(ConfigDeprecation(f"sync.{key} is deprecated: use {new}"), stacklevel=2)
+    return data
