@@ -89,6 +89,7 @@ class GroupPlan:
     member_handles: tuple[Any, ...] = ()  # GSSP, first rank only: its members, which it hands peer deltas to
     exchange_every: int = 0
 
+
 class CollectiveWorker(GroupExchange):
     """One rank of an all-reduce group: its shard, its module under DDP, its optimizer, its group's exchange."""
 

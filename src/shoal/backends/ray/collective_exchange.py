@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import ray
 
+
 class GroupExchange:
     """Sending the group's own delta and receiving the peers' (the attributes are CollectiveWorker's)."""
 

@@ -24,6 +24,7 @@ from shoal.sync.gssp import Move
 
 FORM_TIMEOUT_S = 300.0
 
+
 class CollectiveGroups:
     """Starts the all-reduce ranks and carries out GSSP's groupings on them."""
 

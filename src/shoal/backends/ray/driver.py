@@ -48,6 +48,7 @@ DRAIN_S = 0.2  # how often each actor's records are collected
 
 # -- the backend --------------------------------------------------------------------------
 
+
 class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecovery):
     """Runs one configured training on Ray actors until a stopping rule fires (or Ctrl-C).
 

@@ -13,6 +13,7 @@ import ray
 from shoal.engine.metrics import WorkerStats
 from shoal.sync.gssp import Move
 
+
 class Membership:
     """Carries out the GSSP policy's groupings, and workers joining and leaving, on the actors."""
 

@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from shoal.errors import ConfigError
 
+
 class Reservation:
     """A ready placement group: which bundle each actor holds, and the free ones per kind ("worker", "server").
 
@@ -56,8 +57,10 @@ class Reservation:
         except Exception:  # noqa: BLE001 - Ray already shut down
             pass
 
+
 def bundle(cpus: float, gpus: float = 0.0) -> dict[str, float]:
     return {k: v for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
+
 
 def reserve(actors: dict[str, tuple[int, dict[str, float]]], timeout_s: float, where: str) -> Reservation | None:
     """One bundle per actor (``actors``: kind -> (count, resources)), packed; None if nothing needs reserving.
@@ -81,6 +84,7 @@ def reserve(actors: dict[str, tuple[int, dict[str, float]]], timeout_s: float, w
                           f"{timeout_s:.0f} s: its nodes lack the free CPUs or GPUs (other jobs may hold them); "
                           "add nodes or request less per actor (backend.cpus_per_worker, cpus_per_server)")
     return Reservation(group, indices)
+
 
 def _text(resources: dict[str, float]) -> str:
     return " + ".join(f"{v:g} {k}" for k, v in resources.items())

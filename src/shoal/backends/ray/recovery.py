@@ -20,6 +20,7 @@ from shoal.backends import checkpoint
 from shoal.backends.ray.wire import answered, first_line
 from shoal.engine.metrics import WorkerStats
 
+
 class Recovery:
     """Worker failures and restarts; periodic checkpoints of every group server and resuming from them."""
 
@@ -215,6 +216,7 @@ class Recovery:
     def _final_checkpoint(self) -> None:
         if self._ckpt_period() < math.inf:
             self._checkpoint()
+
 
 def position_digest(position: dict[str, Any]) -> dict[str, Any]:
     """A worker's stream position with its generator states as one short hash (what metrics.jsonl records)."""

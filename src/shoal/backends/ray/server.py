@@ -40,6 +40,7 @@ from shoal.engine.replica import Replica
 from shoal.sync import PeriodicSchedule, SyncPolicy
 from shoal.sync.policies import PacedSSP
 
+
 class GroupServer:
     """One (group) server: replica, sync policy, buffered pushes, gate futures, delta exchange."""
 

@@ -32,6 +32,7 @@ import ray
 from shoal.backends import checkpoint
 from shoal.backends.ray.wire import answered, first_line
 
+
 class ServerRecovery:
     """Replaces dead group servers from a peer, the last checkpoint or the last evaluated state."""
 

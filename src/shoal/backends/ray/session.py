@@ -33,6 +33,7 @@ LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED"
 LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "enable_worker_prestart": False,
                        "max_direct_call_object_size": 1 << 20}
 
+
 class ActorPool:
     """Idle actors kept for the next run in the same Ray session (opt-in: tests, benchmarks, sweeps).
 
@@ -80,6 +81,7 @@ class ActorPool:
 
 # -- validation and the Ray session ---------------------------------------------------------
 
+
 def validate(cfg: Config) -> None:
     """Reject what the ray backend does not run, before anything is written."""
     # that Ray is installed was checked at the package's door (shoal/backends/ray/__init__.py)
@@ -104,6 +106,7 @@ def validate(cfg: Config) -> None:
         except ImportError:
             raise ConfigError(f"backend.address {address!r}: Ray client needs grpcio; pip install 'ray[client]'") from None
 
+
 def check_resume(cfg: Config, run_dir: Path) -> None:
     """Fail early (exit 2) if ``run_dir`` holds no usable checkpoint for this config."""
     if cfg.backend.name != "ray":
@@ -120,6 +123,7 @@ def check_resume(cfg: Config, run_dir: Path) -> None:
             f"config asks {cfg.sync.scheme} with {cfg.cluster.workers}"
         )
 
+
 def start_local_ray(num_cpus: int) -> None:
     """An embedded Ray instance bound to 127.0.0.1, without dashboard, usage stats or idle workers."""
     os.environ.update(LOCAL_ENV)  # Ray's own processes read these when they start
@@ -133,6 +137,7 @@ def start_local_ray(num_cpus: int) -> None:
         _system_config=LOCAL_SYSTEM_CONFIG,
     )
 
+
 def plugin_folders(cfg: Config) -> list[str]:
     """The folders of the run's python:FILE.py plug-ins (model, data, loss, metric, scheme, compressor)."""
     from shoal.plugins import is_plugin, split_spec
@@ -140,6 +145,7 @@ def plugin_folders(cfg: Config) -> list[str]:
     specs = [cfg.model.name, cfg.data.name, cfg.task.loss, cfg.task.metric, cfg.sync.scheme, cfg.compression.method]
     files = [split_spec(s)[0] for s in specs if is_plugin(s)]
     return sorted({str(Path(f).parent) for f in files if f.endswith(".py")})
+
 
 def probe_address(address: str, timeout_s: float = 5.0) -> None:
     """Fail in seconds, with one line, when nothing listens at a ``host:port`` cluster address.
@@ -157,6 +163,7 @@ def probe_address(address: str, timeout_s: float = 5.0) -> None:
         reason = err.strerror or type(err).__name__
         raise ConfigError(f"backend.address {address!r}: nothing answers at {host}:{port} ({reason}); "
                           f"start the cluster (ray start --head) or fix the address") from None
+
 
 def _join_cluster(address: str, plugin_dirs: list[str]) -> None:
     """Join a cluster; the folders of the run's plug-in files travel to every node (Ray ``py_modules``)."""
@@ -192,6 +199,7 @@ def ray_session(backend: BackendConfig, cpus_needed: float, plugin_dirs: list[st
         yield where
     finally:
         ray.shutdown()
+
 
 def _pickle_plugins_by_value() -> None:
     """Send the classes of loaded plug-in files by value, so an actor can unpickle a user's policy or compressor."""

@@ -30,6 +30,7 @@ STARTUP_TIMEOUT_S = 300.0
 CLUSTER_GROW_S = 20.0  # how long a joined cluster may take to offer the CPUs a run requests (autoscaling)
 LOCAL_PLACE_S = 5.0  # a local Ray has the CPUs it declared, or other actors hold them: nothing to wait for
 
+
 def wait_for_cpus(needed: float, cpus: Callable[[], float], timeout_s: float, poll_s: float = 1.0,
                   sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> float:
     """The cluster's CPUs once they reach ``needed``, or what it has after ``timeout_s`` (then too few)."""
@@ -39,6 +40,7 @@ def wait_for_cpus(needed: float, cpus: Callable[[], float], timeout_s: float, po
         sleep(poll_s)
         have = cpus()
     return have
+
 
 def started(ref: Any) -> Any:
     """An actor's answer to its first call; bad input it found while starting (ConfigError) as one line."""
@@ -50,6 +52,7 @@ def started(ref: Any) -> Any:
         if err.actor_init_failed and marker in last:
             raise ConfigError(last.split(marker, 1)[1]) from None
         raise
+
 
 class ActorSetup:
     """Creates the group servers, workers and switch actors of a run and starts the workers' loops."""

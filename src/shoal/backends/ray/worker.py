@@ -38,6 +38,7 @@ from shoal.data import BatchStream, Dataset
 from shoal.engine.setup import build_engine
 from shoal.strategy import Strategy
 
+
 def worker_shard(cfg: Config, worker: int, data: ShardRef | tuple[np.ndarray, np.ndarray],
                  num_classes: int) -> tuple[Dataset, BatchStream]:
     """A worker's shard as a data set, and its batch stream (permuted exactly like the sim backend's).
@@ -51,9 +52,11 @@ def worker_shard(cfg: Config, worker: int, data: ShardRef | tuple[np.ndarray, np
     shard = Dataset("shard", x, y, torch.empty(0), torch.empty(0, dtype=torch.long), num_classes)
     return shard, BatchStream(shard, np.arange(len(y)), cfg.data.batch_size, cfg.run.seed, worker)
 
+
 def _state_text(state: torch.Tensor) -> str:
     """A generator state (torch's uint8 tensor) as base64 text, for run.json."""
     return b64encode(state.numpy().tobytes()).decode()
+
 
 def _bytes_tensor(text: str) -> torch.Tensor:
     """A generator state saved by ``_state_text``, as the uint8 tensor torch takes."""
@@ -67,6 +70,7 @@ class Route:
     epoch: int
     server: int
     handle: Any
+
 
 class Worker:
     """One data-parallel worker: its shard, model copy, codec and emulated speed."""
