@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+
 def stderr_console() -> Console:
     """Where progress goes: standard error, so standard output stays the run's results."""
     return Console(stderr=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from shoal.errors import ConfigError
 from shoal.registry import COMPRESSORS, PLANNERS, PLUGIN_PREFIX, SCHEMES
 
+
 def bases() -> dict[str, tuple[str, ...]]:
     """Every registered scheme as a base, with the override that selects it."""
     return {name: (f"sync.scheme={name}",) for name in SCHEMES}
