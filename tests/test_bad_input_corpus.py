@@ -31,6 +31,8 @@ TRAIN = [
                                    "--set", "compression.gdtopk.final_density_slow=0.1"], "final_density_fast"),
     ("unbounded budget", ["--set", "run.max_time_s=inf"], "run.max_time_s"),
     ("groups auto2", ["--set", "sync.scheme=gssp", "--set", "sync.gssp.groups=auto2"], "sync.gssp.groups"),
+    ("sim checkpoints without rounds", ["--set", "sync.scheme=asp", "--set", "backend.sim_checkpoint_every_s=1"],
+     "backend.sim_checkpoint_every_s"),
     ("section as a number", ["--set", "cluster=3"], "cluster"),
     ("key under a number", ["--set", "run.seed.x=1"], "run.seed"),
     ("misspelt key", ["--set", "optimizer.lrr=0.1"], "did you mean"),

@@ -527,11 +527,15 @@ def test_a_resumed_gssp_run_goes_on_in_the_groups_of_its_checkpoint(ray_session,
     assert not [e for e in events[at:] if e["event"] == "groups" and e["reason"] == "profiled"]  # no new split
 
 
-def test_resume_refuses_a_folder_without_checkpoint(tmp_path):
+def test_resume_refuses_a_folder_without_checkpoint_and_a_checkpoint_of_the_other_backend(tmp_path):
     with pytest.raises(ConfigError, match="no checkpoint"):
         train(ray_config(), tmp_path / "r", resume=tmp_path)
-    with pytest.raises(ConfigError, match="ray backend only"):
+    with pytest.raises(ConfigError, match="no checkpoint"):
         train(load_config(None, FAST), tmp_path / "r", resume=tmp_path)
+    simulated = FAST + ["backend.sim_checkpoint_every_s=0.5", "run.max_time_s=1", "run.stop_at_target=false"]
+    train(load_config(None, simulated), tmp_path / "sim")
+    with pytest.raises(ConfigError, match="written by the sim backend; resume it with --backend sim"):
+        train(ray_config("run.max_time_s=2"), tmp_path / "sim", resume=tmp_path / "sim")
 
 
 # SIM with every tensor similar enough (threshold -1), so skipping certainly happens after a short warm-up

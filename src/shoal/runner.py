@@ -69,7 +69,7 @@ def run_backend(setup: RunSetup, recorder: RunRecorder, progress: Any = None, *,
         return RayBackend(setup, recorder, progress, out=out, resume=resume, strategy=strategy).run()
     from shoal.backends.sim import SimBackend
 
-    return SimBackend(setup, recorder, progress, strategy=strategy).run()
+    return SimBackend(setup, recorder, progress, strategy=strategy, out=out, resume=resume).run()
 
 
 def _check_inputs(cfg: Config, out: Path, overwrite: bool, resume: Path | None) -> bool:
@@ -85,10 +85,14 @@ def _check_inputs(cfg: Config, out: Path, overwrite: bool, resume: Path | None) 
         from shoal.engine.tensorboard import check_available
 
         check_available()
-    if resume is not None:
+    if resume is not None and cfg.backend.name == "ray":
         from shoal.backends.ray.session import check_resume
 
         check_resume(cfg, resume)
+    elif resume is not None:
+        from shoal.backends.sim.checkpoints import check_resume as check_sim_resume
+
+        check_sim_resume(cfg, resume)
     return in_place
 
 
@@ -106,8 +110,9 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
           resume: Path | None = None) -> dict[str, Any]:
     """Run one training and write config.toml, metrics.jsonl and summary.json into ``out``.
 
-    With ``resume`` (a ray run's folder) training continues from its last
-    checkpoint; resuming into the same folder appends to its metrics.jsonl.
+    With ``resume`` (a run folder with checkpoints, ray or sim) training
+    continues from its last checkpoint; resuming into the same folder appends
+    to its metrics.jsonl.
     """
     in_place = _check_inputs(cfg, out, overwrite, resume)
     created = make_out_dir(out)

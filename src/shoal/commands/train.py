@@ -28,7 +28,7 @@ def train(
     overwrite: bool = typer.Option(False, "--overwrite", help="Write over an earlier run in --out."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),
     address: Optional[str] = typer.Option(None, "--address", help="ray: join this Ray cluster (\"auto\" or ray://HOST:PORT) instead of starting a local one."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="ray: continue the run in this folder from its last checkpoint (its config.toml unless --config)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder from its last checkpoint (its config.toml unless --config): ray (backend.checkpoint_every_s) or sim (backend.sim_checkpoint_every_s, bit for bit)."),
 ) -> None:
     """Train a model data-parallel on a simulated or real heterogeneous cluster."""
     overrides = list(set_) + ([f"backend.name={backend}"] if backend else [])

@@ -60,6 +60,7 @@ class Config(Section):
         - `sync.intra_group = "allreduce"` needs a synchronous scheme (bsp, gssp), dense gradients (`compression.method = "none"`, no SIM) and `network.aggregation = "server"`
         - `network.aggregation = "ina"` needs one synchronous round (`sync.scheme = "bsp"`) and dense gradients; `network.worker_hosts`, when given, names one host per worker
         - `cluster.membership` needs the server path: no all-reduce groups, no in-network aggregation
+        - `backend.sim_checkpoint_every_s` needs rounds that every worker ends by waiting: sync.scheme = "bsp" on the server path, without SIM, in-network aggregation, membership or speed changes
         """
         if self.task.higher_is_better is None and self.task.metric.startswith("python:"):
             raise ValueError("task.higher_is_better: say whether a higher value of your metric is better (true or false)")
@@ -91,4 +92,13 @@ class Config(Section):
             raise ValueError("cluster.membership: workers join and leave the server path; all-reduce groups and "
                              "in-network aggregation plans are fixed at the start (use intra_group = \"server\", "
                              "network.aggregation = \"none\")")
+        if self.backend.sim_checkpoint_every_s > 0:
+            plain_rounds = (scheme.ina and self.sync.intra_group == "server" and not self.compression.similarity.enabled
+                            and self.network.aggregation == "server" and not self.cluster.membership
+                            and not self.cluster.speed_changes and self.backend.mode == "train")
+            if not plain_rounds:
+                raise ValueError("backend.sim_checkpoint_every_s: the simulator checkpoints at the end of a round, "
+                                 "when every worker waits and nothing is in flight: it needs sync.scheme = \"bsp\" on "
+                                 "the server path in train mode, without SIM, in-network aggregation, membership or "
+                                 "speed changes")
         return self

@@ -113,6 +113,13 @@ class SyncPolicy(ABC):
         self._at_clock[clock] += 1
         self._min = min(self._min, clock)
 
+    def restore_clocks(self, clocks: dict[int, int]) -> None:
+        """Set every worker's clock (a resumed run, at a point where no push is buffered and nobody is excused)."""
+        self.clocks = dict(clocks)
+        self._at_clock = Counter(self.clocks.values())
+        self._min = min(self.clocks.values())
+        self.excused = set()
+
     def _release_after_remove(self) -> tuple[int, ...]:
         return ()
 

@@ -117,6 +117,8 @@ def check_resume(cfg: Config, run_dir: Path) -> None:
         raise ConfigError("--resume: a run with cluster.membership changes cannot be resumed yet (joiners are not "
                           "checkpointed); remove cluster.membership")
     _, state = checkpoint.latest(run_dir / "checkpoint")
+    if state.get("backend") == "sim":
+        raise ConfigError(f"--resume {run_dir}: its checkpoint was written by the sim backend; resume it with --backend sim")
     if state.get("scheme") != cfg.sync.scheme or state.get("workers") != cfg.cluster.workers:
         raise ConfigError(
             f"--resume {run_dir}: checkpoint is {state.get('scheme')} with {state.get('workers')} workers, "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import simpy
@@ -24,6 +25,7 @@ import torch
 
 from shoal.cluster import StragglerModel
 from shoal.backends.local_model import LocalModel
+from shoal.backends.sim.checkpoints import SimCheckpoints, at
 from shoal.backends.sim.groups import SimGroups
 from shoal.backends.sim.membership import SimMembership
 from shoal.backends.sim.server import Pulled, Push, SimServer
@@ -40,17 +42,21 @@ from shoal.sync import SyncPolicy
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-class SimBackend(SimGroups, SimMembership):
+class SimBackend(SimGroups, SimMembership, SimCheckpoints):
     """Runs one configured training (or cost-only) simulation to its stopping rule."""
 
     def __init__(self, setup: RunSetup, recorder: RunRecorder, progress: ProgressFn | None = None,
-                 strategy: Strategy | None = None) -> None:
+                 strategy: Strategy | None = None, out: Path | None = None, resume: Path | None = None) -> None:
+        """``out``: where checkpoints go (backend.sim_checkpoint_every_s); ``resume``: a run folder to continue from
+        its latest checkpoint."""
         self.setup = setup
+        self.out = out
+        self.resumed = self._load_checkpoint(resume) if resume is not None else None
         self.cfg: Config = setup.cfg
         self.strategy = strategy or Strategy.from_config(setup.cfg, setup.engine.layout)
         self.recorder = recorder
         self.progress = progress
-        self.env = simpy.Environment()
+        self.env = simpy.Environment(initial_time=self.resumed[1]["t"] if self.resumed else 0.0)
         self.profile = setup.profile
         n = self.profile.workers
         self.speeds = list(self.profile.speeds)
@@ -77,6 +83,12 @@ class SimBackend(SimGroups, SimMembership):
         self.bytes_exchange = 0.0
         self.stop = self.env.event()
         self.stop_reason = "time_budget"
+        self.wait_start: dict[int, float] = {}  # when each worker waiting at its gate began to wait
+        self.next_eval = 0.0
+        self.checkpoint_seq = 0
+        self.next_checkpoint = self.cfg.backend.sim_checkpoint_every_s
+        if self.resumed is not None:
+            self._restore(*self.resumed)
 
     # -- construction -----------------------------------------------------------
 
@@ -123,11 +135,14 @@ class SimBackend(SimGroups, SimMembership):
 
     # -- processes ----------------------------------------------------------------
 
-    def _worker(self, w: int) -> Iterator[simpy.Event]:
+    def _worker(self, w: int, waiting_since: float | None = None) -> Iterator[simpy.Event]:
+        """One worker's loop; ``waiting_since``: a resumed worker that was waiting at its gate since then."""
         profile = self.profile
         while not self.stop.triggered and w not in self.departed:
-            t0 = self.env.now
+            t0 = self.env.now if waiting_since is None else waiting_since
+            waiting_since = None
             while (gate := self.server_of(w).gate(w)) is not None:
+                self.wait_start[w] = t0
                 yield gate | self.stop
                 if self.stop.triggered or w in self.departed:
                     return
@@ -182,6 +197,8 @@ class SimBackend(SimGroups, SimMembership):
                  compute: float, pull_s: float, push_s: float, loss: float | None, down_bytes: int) -> None:
         """The server takes the push; record it; let GSSP react (exchange, split, regroup)."""
         comm = pull_s + push_s
+        due = self._checkpoint_due()
+        waiting = server.waiting() if due else []
         applied = server.receive(w, push)
         self._account(w, waited, compute, comm, push.nbytes, down_bytes)
         self.recorder.iteration(
@@ -199,6 +216,8 @@ class SimBackend(SimGroups, SimMembership):
             self._decay_lr()
         if self.cfg.run.max_iterations and self.recorder.iterations >= self.cfg.run.max_iterations:
             self._finish("iteration_budget")
+        if due and applied and not self.stop.triggered:
+            self._maybe_checkpoint(w, waiting)
 
     def _pull(self, w: int, server: SimServer) -> Pulled:
         """What ``w`` takes from its server; with SIM only the tensors aggregated at its previous clock."""
@@ -320,16 +339,21 @@ class SimBackend(SimGroups, SimMembership):
 
     # -- clock, evaluation, stopping -------------------------------------------------
 
-    def _clock(self) -> Iterator[simpy.Event]:
+    def _clock(self, first_at: float | None = None) -> Iterator[simpy.Event]:
+        """Evaluate every run.eval_every_s (a resumed run: first at the saved time)."""
         period = self.cfg.run.eval_every_s
+        if first_at is not None:
+            yield at(self.env, first_at)
         while True:
             self._evaluate()
             if self.stop.triggered:
                 return
+            self.next_eval = self.env.now + period  # the time the timeout below lands on
             yield self.env.timeout(period)
 
     def _budget(self) -> Iterator[simpy.Event]:
-        yield self.env.timeout(self.cfg.run.max_time_s)
+        budget = self.cfg.run.max_time_s
+        yield at(self.env, budget) if self.resumed else self.env.timeout(budget)
         self._finish("time_budget")
 
     def _speed_changes(self) -> Iterator[simpy.Event]:
@@ -373,11 +397,19 @@ class SimBackend(SimGroups, SimMembership):
         """Simulate until a stopping rule fires; return the summary record."""
         wall_start = time.perf_counter()
         error = None
-        self.recorder.event("start", t=0.0, scheme=self.cfg.sync.scheme, speeds=self.speeds)
-        self.recorder.event("groups", t=0.0, groups=self._groups(), reason="start")
-        for w in range(self.profile.workers):
-            self.env.process(self._worker(w))
-        for process in (self._budget(), self._clock(), self._speed_changes(), self._membership()):
+        first_eval = None
+        if self.resumed is None:
+            self.recorder.event("start", t=0.0, scheme=self.cfg.sync.scheme, speeds=self.speeds)
+            self.recorder.event("groups", t=0.0, groups=self._groups(), reason="start")
+            for w in range(self.profile.workers):
+                self.env.process(self._worker(w))
+        else:  # the closer of the round first, then the waiters in the order the release woke them
+            folder, state = self.resumed
+            self.recorder.event("resume", t=self.env.now, checkpoint=folder.name)
+            for w in state["order"]:
+                self.env.process(self._worker(w, state["wait_start"].get(str(w))))
+            first_eval = state["next_eval"]
+        for process in (self._budget(), self._clock(first_eval), self._speed_changes(), self._membership()):
             self.env.process(process)
         try:
             self.env.run(until=self.stop)

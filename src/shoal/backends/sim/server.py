@@ -75,7 +75,7 @@ class SimServer:
         self.updates = 0
         self.unsent_updates = 0  # GSSP: own updates not yet sent to the peers
         self._pending: dict[int, Push] = {}
-        self._waiters: list[tuple[float, int, simpy.Event]] = []
+        self._waiters: list[tuple[float, int, simpy.Event, int]] = []
         self._seq = itertools.count()
 
     def gate(self, worker: int) -> simpy.Event | None:
@@ -84,8 +84,12 @@ class SimServer:
         if threshold is None or self.policy.progress >= threshold:
             return None
         event = self.env.event()
-        heapq.heappush(self._waiters, (threshold, next(self._seq), event))
+        heapq.heappush(self._waiters, (threshold, next(self._seq), event, worker))
         return event
+
+    def waiting(self) -> list[int]:
+        """The workers waiting at the gate, in the order a release wakes them."""
+        return [entry[3] for entry in sorted(self._waiters)]
 
     def receive(self, worker: int, push: Push) -> int:
         """Take a push; apply the update the policy releases; return how many updates were applied."""
