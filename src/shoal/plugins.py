@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.errors import ConfigError
-
-PREFIX = "python:"
+from shoal.registry import PLUGIN_PREFIX as PREFIX
 _FILE_MODULE = "shoal_plugin_"  # the prefix of a plug-in file's module name
 _loaded: dict[str, Callable[..., Any]] = {}
 

@@ -75,6 +75,12 @@ class Registry(Generic[T]):
         """Register the item at ``target`` (``package.module:attribute``) under ``name`` without importing it."""
         self.add(name, Lazy(target), help)  # type: ignore[arg-type]
 
+    @property
+    def takes_plugins(self) -> bool:
+        """Whether a ``python:`` spec can name an item of this kind."""
+        self._discover()
+        return self._load_plugin is not None
+
     def accept_plugins(self, load: Callable[[str], T]) -> None:
         """Let ``python:FILE.py:CLASS`` names resolve through ``load``, which imports the user's class and checks
         it against the protocol of this kind (the home package sets it: it knows the protocol)."""

@@ -15,6 +15,7 @@ while writing leaves the previous checkpoint in force.
 from __future__ import annotations
 
 import hashlib
+from base64 import b64decode, b64encode
 import json
 import os
 import shutil
@@ -31,6 +32,16 @@ from shoal.engine.replica import Replica
 FORMAT = "shoal-checkpoint/1"
 LATEST = "latest.json"
 KEEP = 2  # checkpoint folders kept (the newest and the one before)
+
+
+def rng_text(state: torch.Tensor) -> str:
+    """A generator state (torch's uint8 tensor) as base64 text, for run.json."""
+    return b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def rng_state(text: str) -> torch.Tensor:
+    """A generator state saved by ``rng_text``, as the uint8 tensor torch takes."""
+    return torch.frombuffer(bytearray(b64decode(text)), dtype=torch.uint8)
 
 
 def _write_json(path: Path, data: Any) -> None:

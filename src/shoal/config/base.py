@@ -38,8 +38,8 @@ def _registered(registry: Registry[Any], value: str, *also: str) -> str:
         spec = resolve_spec(value)
         registry.plugin(spec)  # imports the user's class and checks it: a ConfigError (a ValueError) when it does not fit
         return spec
-    raise ValueError(f"unknown {registry.kind} {value!r}; use one of {', '.join((*also, *registry.names()))} "
-                     f"or python:FILE.py:CLASS")
+    own = " or python:FILE.py:CLASS" if registry.takes_plugins else ""
+    raise ValueError(f"unknown {registry.kind} {value!r}; use one of {', '.join((*also, *registry.names()))}{own}")
 
 
 def _choices(registry: Registry[Any], *also: str, plugins: bool = False) -> Callable[[dict[str, Any]], None]:

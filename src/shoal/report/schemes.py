@@ -12,9 +12,9 @@ a user's scheme (the base) or compressor (a modifier) is written as its
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
+from shoal.config import toml_value
 from shoal.errors import ConfigError
 from shoal.registry import COMPRESSORS, PLANNERS, PLUGIN_PREFIX, SCHEMES
 
@@ -52,7 +52,7 @@ def parse_scheme(spec: str) -> Scheme:
     base, *mods = parts
     known_bases, known_mods = bases(), modifiers()
     if base.startswith(PLUGIN_PREFIX):
-        known_bases[base] = (f"sync.scheme={json.dumps(base)}",)
+        known_bases[base] = (f"sync.scheme={toml_value(base)}",)
     if base not in known_bases:
         raise ConfigError(f"--schemes: unknown scheme {base!r} in {spec!r}; choose from {', '.join(known_bases)} "
                           f"or python:FILE.py:CLASS")
@@ -60,7 +60,7 @@ def parse_scheme(spec: str) -> Scheme:
     keys: dict[str, str] = {}
     for mod in mods:
         if mod.startswith(PLUGIN_PREFIX):
-            known_mods[mod] = (f"compression.method={json.dumps(mod)}",)
+            known_mods[mod] = (f"compression.method={toml_value(mod)}",)
         if mod not in known_mods:
             raise ConfigError(f"--schemes: unknown modifier {mod!r} in {spec!r}; choose from {', '.join(known_mods)}")
         for override in known_mods[mod]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from base64 import b64decode, b64encode
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 import ray
 
+from shoal.backends.checkpoint import rng_state, rng_text
 from shoal.backends.local_model import LocalModel
 from shoal.backends.ray.data import ShardRef, load_shard
 from shoal.backends.ray.switch import WorkerSide
@@ -51,16 +51,6 @@ def worker_shard(cfg: Config, worker: int, data: ShardRef | tuple[np.ndarray, np
         x, y = torch.from_numpy(np.array(data[0])), torch.from_numpy(np.array(data[1]))
     shard = Dataset("shard", x, y, torch.empty(0), torch.empty(0, dtype=torch.long), num_classes)
     return shard, BatchStream(shard, np.arange(len(y)), cfg.data.batch_size, cfg.run.seed, worker)
-
-
-def _state_text(state: torch.Tensor) -> str:
-    """A generator state (torch's uint8 tensor) as base64 text, for run.json."""
-    return b64encode(state.numpy().tobytes()).decode()
-
-
-def _bytes_tensor(text: str) -> torch.Tensor:
-    """A generator state saved by ``_state_text``, as the uint8 tensor torch takes."""
-    return torch.frombuffer(bytearray(b64decode(text)), dtype=torch.uint8)
 
 
 @dataclass
@@ -163,12 +153,11 @@ class Worker:
         """Where this worker's data stream and random generators stand (checkpointed; a resume seeks here).
 
         With ``folder`` (a checkpoint being written) the codecs' state goes there too, in the same call:
-        error feedback, DGC's velocities, PowerSGD's Q (``worker-<w>.safetensors``, named under "codec").
+        error feedback, DGC's velocities, PowerSGD's Q and the compressor's generator
+        (``worker-<w>.safetensors``, named under "codec").
         """
-        codec_rng = self._codec_generator()
-        where = {**self.stream.position(), "torch_rng": _state_text(torch.get_rng_state()),
-                 "stragglers": self.stragglers.state(self.w),
-                 "codec_rng": None if codec_rng is None else _state_text(codec_rng.get_state())}
+        where = {**self.stream.position(), "torch_rng": rng_text(torch.get_rng_state()),
+                 "stragglers": self.stragglers.state(self.w)}
         state = self._codec_state()
         if folder is not None and state:
             name = f"worker-{self.w}.safetensors"
@@ -179,11 +168,8 @@ class Worker:
     def seek(self, position: dict[str, Any], folder: str | None = None) -> dict[str, Any]:
         """Continue from a checkpointed ``position()`` (before the loop starts); returns the position now."""
         self.stream.seek(int(position["epoch"]), int(position["offset"]))
-        torch.set_rng_state(_bytes_tensor(position["torch_rng"]))
+        torch.set_rng_state(rng_state(position["torch_rng"]))
         self.stragglers.restore(self.w, position["stragglers"])
-        codec_rng = self._codec_generator()
-        if codec_rng is not None and position.get("codec_rng"):
-            codec_rng.set_state(_bytes_tensor(position["codec_rng"]))
         now = self.position()
         if folder is not None and position.get("codec"):
             self._load_codec_state(load_file(os.path.join(folder, position["codec"])))
@@ -203,10 +189,6 @@ class Worker:
         if self.delta_codec is not None:
             self.delta_codec.load_state_dict({k.removeprefix("delta."): v for k, v in state.items()
                                               if k.startswith("delta.")})
-
-    def _codec_generator(self) -> torch.Generator | None:
-        """The upload compressor's random generator (randk, qsgd, powersgd), if it has one."""
-        return getattr(getattr(self.codec, "compressor", None), "generator", None)
 
     def stop(self) -> None:
         self._stopping = True

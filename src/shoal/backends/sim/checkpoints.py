@@ -21,7 +21,6 @@ move by one unit in the last place.
 from __future__ import annotations
 
 import heapq
-from base64 import b64decode, b64encode
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -64,14 +63,6 @@ def at(env: simpy.Environment, t: float) -> simpy.Event:
     return event
 
 
-def _text(state: torch.Tensor) -> str:
-    return b64encode(state.numpy().tobytes()).decode("ascii")
-
-
-def _tensor(text: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(b64decode(text)), dtype=torch.uint8)
-
-
 class SimCheckpoints:
     """Taking checkpoints at round ends and restoring one (mixed into SimBackend)."""
 
@@ -97,7 +88,7 @@ class SimCheckpoints:
         folder = checkpoint.new_folder(root, self.checkpoint_seq)
         checkpoint.save_replica(folder, SERVER, server.replica, {
             "server_version": server.version, "updates": server.updates, "unsent_updates": server.unsent_updates})
-        codecs = {f"{w}.{key}": value.detach().contiguous().clone()
+        codecs = {f"{w}.{key}": value.detach().contiguous()
                   for w, codec in enumerate(self.codecs) for key, value in codec.state_dict().items()}
         save_file(codecs, str(folder / CODECS))
         recorder = {name: getattr(self.recorder, name) for name in RECORDER_FIELDS}
@@ -109,7 +100,7 @@ class SimCheckpoints:
             "streams": [s.position() for s in self.setup.streams],
             "stragglers": [self.stragglers.state(w) for w in range(len(self.stats))],
             "stats": [asdict(s) for s in self.stats], "recorder": recorder, "lr": self.lr,
-            "speeds": self.speeds, "torch_rng": _text(torch.get_rng_state()),
+            "speeds": self.speeds, "torch_rng": checkpoint.rng_text(torch.get_rng_state()),
         })
         self.recorder.event("checkpoint", t=self.env.now, path=folder.name)
 
@@ -135,7 +126,7 @@ class SimCheckpoints:
         self.lr, self.speeds = state["lr"], list(state["speeds"])
         self.next_eval, self.next_checkpoint = state["next_eval"], state["next_checkpoint"]
         self.checkpoint_seq = int(folder.name.rpartition("-")[2])
-        torch.set_rng_state(_tensor(state["torch_rng"]))
+        torch.set_rng_state(checkpoint.rng_state(state["torch_rng"]))
 
     def _load_checkpoint(self, run_dir: Path) -> tuple[Path, dict[str, Any]]:
         """The latest checkpoint folder of ``run_dir`` and its state (plain JSON and safetensors: nothing unpickled)."""
