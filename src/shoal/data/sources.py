@@ -65,6 +65,10 @@ class Dataset:
     x_test: torch.Tensor = field(repr=False)
     y_test: torch.Tensor = field(repr=False)
     num_classes: int
+    #: per training sample, the index of the source it came from (text: its top-level package), for the
+    #: ``by_source`` partition; None where the data has no such structure
+    sources: np.ndarray | None = field(default=None, repr=False)
+    source_names: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -80,16 +84,23 @@ def load_dataset(spec: str, *, seed: int, test_fraction: float, synthetic_sample
     if spec.startswith("python:"):
         return load_plugin_dataset(spec, options or {})
     try:
-        raw = _load_raw(spec, seed, synthetic_samples)
-        return _assemble(spec, raw, seed, test_fraction)
+        raw = _load_raw(spec, seed, synthetic_samples, options or {})
+        return raw if isinstance(raw, Dataset) else _assemble(spec, raw, seed, test_fraction)
     except ConfigError as err:
         raise ConfigError(_one_line(f"data set {spec!r}: {err}")) from None
 
 
-def _load_raw(spec: str, seed: int, synthetic_samples: int) -> Raw:
-    """A registered data set by name, or a registered file format's reader on KIND:PATH."""
+def _load_raw(spec: str, seed: int, synthetic_samples: int, options: dict[str, Any]) -> "Raw | Dataset":
+    """A registered data set by name (images as Raw, to be split and normalised, or a finished Dataset such as
+    text), or a registered file format's reader on KIND:PATH."""
     if spec in DATASETS:
-        return DATASETS[spec](seed, synthetic_samples)
+        source = DATASETS[spec]
+        from shoal.plugins import check_options
+
+        check_options(source, options, "data.options")
+        return source(seed, synthetic_samples, **options)
+    if options:
+        raise ConfigError(f"data.options: {spec} takes no options")
     kind, sep, path_text = spec.partition(":")
     if not sep or kind not in DATA_FORMATS:
         raise ConfigError(f"unknown data set; use one of {', '.join(DATASETS.names())}, or KIND:PATH with KIND one "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from shoal.cluster import ClusterProfile, build_profile
@@ -56,7 +57,11 @@ class RunSetup:
         counts = None
         if labels.dim() == 1 and not labels.is_floating_point():  # one class label per sample
             counts = class_histograms(labels.numpy(), shards, self.dataset.num_classes)
-        return {"partition": self.cfg.data.partition, "class_counts": counts}
+        summary: dict[str, object] = {"partition": self.cfg.data.partition, "class_counts": counts}
+        if self.dataset.sources is not None:  # which sources (packages) each worker holds
+            names = self.dataset.source_names
+            summary["sources"] = [[names[i] for i in np.unique(self.dataset.sources[s])] for s in shards]
+        return summary
 
 
 def build_setup(cfg: Config) -> RunSetup:
@@ -114,10 +119,11 @@ def _streams(cfg: Config, dataset: Dataset) -> list[BatchStream]:
             f"cluster.workers: {cfg.cluster.workers} workers but only {n_train} training samples to shard"
         )
     labels = dataset.y_train.numpy()
-    if cfg.data.partition != "iid" and (labels.ndim != 1 or dataset.y_train.is_floating_point()):
+    by_class = cfg.data.partition not in ("iid", "by_source")
+    if by_class and (labels.ndim != 1 or dataset.y_train.is_floating_point()):
         raise ConfigError(f"data.partition: {cfg.data.partition} needs one class label per sample; use iid")
     try:
-        shards = partition_indices(labels, cfg.cluster.workers, cfg.run.seed, cfg.data.partition)
+        shards = partition_indices(labels, cfg.cluster.workers, cfg.run.seed, cfg.data.partition, dataset.sources)
     except ValueError as err:
         raise ConfigError(f"data.partition: {err}") from None
     smallest = min(len(shard) for shard in shards)

@@ -2,8 +2,9 @@
 
 Built-ins: cross-entropy (class logits (N, C) with labels (N,), or sequence
 logits (N, T, C) with labels (N, T)), mean squared error; metrics accuracy
-(argmax over the last dimension), loss, and perplexity (exp of the mean
-cross-entropy per target). Any of them may be a user's function
+(argmax over the last dimension), loss, perplexity (exp of the mean
+cross-entropy per target) and bits_per_byte (the mean cross-entropy in bits,
+for byte-level language models). Any of them may be a user's function
 (``python:FILE.py:FUNCTION``, see shoal.plugins).
 """
 
@@ -59,8 +60,9 @@ class Task:
         else:
             loss = cross_entropy if task.loss == "cross_entropy" else mse
         metric_fn = load_function(task.metric, "task.metric") if is_plugin(task.metric) else None
-        if task.metric == "perplexity" and task.loss not in ("cross_entropy",):
-            raise ConfigError("task.metric: perplexity is exp(cross-entropy); it needs task.loss = \"cross_entropy\"")
+        if task.metric in ("perplexity", "bits_per_byte") and task.loss != "cross_entropy":
+            raise ConfigError(f"task.metric: {task.metric} is computed from the cross-entropy; it needs "
+                              "task.loss = \"cross_entropy\"")
         return cls(loss, task.metric, metric_fn, task.higher)
 
     def judge(self, outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> Evaluation:
@@ -79,6 +81,8 @@ class Task:
             value = accuracy
         elif self.metric == "perplexity":
             value = math.exp(min(loss, 700.0))
+        elif self.metric == "bits_per_byte":  # mean cross-entropy in bits per predicted symbol (a byte, for text)
+            value = loss / math.log(2)
         else:
             value = loss
         return Evaluation(value, loss, accuracy)

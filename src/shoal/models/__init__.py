@@ -1,9 +1,12 @@
-"""The built-in models: lenet5, mlp, resnet18 (CIFAR-style) and a small vgg11, declared by import path in
-shoal.catalog (``shoal.registry.MODELS``), so their names are known without importing torch.
+"""The built-in models: lenet5, mlp, resnet18 (CIFAR-style), a small vgg11 and a byte-level transformer,
+declared by import path in shoal.catalog (``shoal.registry.MODELS``), so their names are known without
+importing torch.
 
-Every factory takes ``(input_shape, num_classes, *, hidden=None)`` and sizes
-itself to the input, so any model runs on any built-in data set. Initial
-weights come from torch's global RNG: the caller seeds it.
+Every factory takes ``(input_shape, num_classes, *, hidden=None, **options)``
+(``model.options``: its other keyword-only parameters) and sizes itself to
+the input, so every image model runs on every image data set; the
+transformer reads token windows. Initial weights come from torch's global
+RNG: the caller seeds it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from shoal.errors import ConfigError
+from shoal.plugins import check_options
 from shoal.models.lenet import lenet5
 from shoal.models.mlp import mlp
 from shoal.models.resnet import resnet18
@@ -23,14 +27,19 @@ MIN_SIDE = 4  # smallest input side every model handles
 
 
 def build_model(
-    name: str, input_shape: tuple[int, ...], num_classes: int, *, hidden: list[int] | None = None
+    name: str, input_shape: tuple[int, ...], num_classes: int, *, hidden: list[int] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> nn.Module:
-    """Build ``name`` for inputs of ``input_shape`` ((C, H, W); the mlp takes any shape); bad input raises
-    ConfigError."""
+    """Build ``name`` for inputs of ``input_shape`` ((C, H, W) for images; the mlp takes any shape, the transformer
+    token windows (T,)) with its keyword ``options``; bad input raises ConfigError."""
     if name not in MODELS:
         raise ConfigError(f"model.name: unknown model {name!r}; use one of {', '.join(MODELS)}")
+    factory = MODELS[name]
+    check_options(factory, options or {}, "model.options", fixed=("hidden",))
     shape = tuple(int(s) for s in input_shape)
-    if getattr(MODELS[name], "any_input_shape", False) and shape and min(shape) >= 1:  # it flattens the input
+    if getattr(factory, "token_input", False):  # it checks its own (T,) input
+        pass
+    elif getattr(factory, "any_input_shape", False) and shape and min(shape) >= 1:  # it flattens the input
         pass
     elif len(shape) != 3 or shape[0] < 1 or min(shape[1:]) < MIN_SIDE:
         raise ConfigError(f"model {name}: input shape {tuple(input_shape)} must be (C, H, W) with H, W >= {MIN_SIDE}")
@@ -38,7 +47,7 @@ def build_model(
         raise ConfigError(f"model {name}: needs at least 2 classes, got {num_classes}")
     if hidden is not None and (not hidden or any(w <= 0 for w in hidden)):
         raise ConfigError(f"model.hidden: must be a non-empty list of positive widths, got {hidden}")
-    return MODELS[name](shape, num_classes, hidden=hidden)
+    return factory(shape, num_classes, hidden=hidden, **(options or {}))
 
 
 def build_module(name: str, input_shape: tuple[int, ...], num_classes: int, *, hidden: list[int] | None = None,
@@ -48,7 +57,7 @@ def build_module(name: str, input_shape: tuple[int, ...], num_classes: int, *, h
     from shoal.plugins import call, is_plugin, load_function
 
     if not is_plugin(name):
-        return build_model(name, tuple(input_shape), num_classes, hidden=hidden)  # type: ignore[arg-type]
+        return build_model(name, tuple(input_shape), num_classes, hidden=hidden, options=options)
     factory = load_function(name, "model.name")
     model = call(factory, "model.name", name, input_shape=tuple(input_shape), num_classes=num_classes,
                  **(options or {}))
