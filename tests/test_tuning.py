@@ -1,10 +1,13 @@
-"""Fair comparisons: --tune grids, the choice per scheme, pinned values, intervals over seeds."""
+"""Fair comparisons: the held-out protocol (development and evaluation seeds), --tune grids and each scheme's own
+knobs, the choice per scheme, pinned values, intervals and p-values over seeds."""
 
 from __future__ import annotations
 
 import json
 import statistics
+import tomllib
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,9 +15,10 @@ from typer.testing import CliRunner
 
 from conftest import FAST
 from shoal.cli import app
-from shoal.config import ConfigError
-from shoal.report.schemes import parse_scheme
-from shoal.report.tuning import choose, grid_points, interval, parse_tune, speedup_interval
+from shoal.comparison import Protocol, plan_runs
+from shoal.config import ConfigError, load_config
+from shoal.report.schemes import parse_scheme, parse_schemes
+from shoal.report.tuning import choose, grid_points, interval, mann_whitney, parse_tune, speedup_interval
 
 
 def _sets(*overrides: str) -> list[str]:
@@ -57,10 +61,10 @@ def test_choose_prefers_the_best_median_time_then_the_best_final_accuracy():
 
 
 def test_interval_counts_unreached_as_slowest_and_bootstraps_from_five_seeds():
-    assert interval([3.0, None, 1.0]) == {"median": 3.0, "min": 1.0, "max": None, "ci90": None, "n": 3}
+    assert interval([3.0, None, 1.0]) == {"median": 3.0, "min": 1.0, "max": None, "ci95": None, "n": 3}
     iv = interval([10, 12, 11, 13, 30])
     assert iv["median"] == 12 and iv["min"] == 10 and iv["max"] == 30
-    lo, hi = iv["ci90"]
+    lo, hi = iv["ci95"]
     assert 10 <= lo <= 12 <= hi <= 30
 
 
@@ -69,14 +73,14 @@ def test_interval_counts_unreached_as_slowest_and_bootstraps_from_five_seeds():
 def test_bootstrap_interval_of_the_median_contains_the_median(values):
     iv = interval(values)
     eps = 1e-6  # values are reported rounded to 6 decimals
-    assert iv["ci90"][0] - eps <= statistics.median(values) <= iv["ci90"][1] + eps
-    assert min(values) - eps <= iv["ci90"][0] and iv["ci90"][1] <= max(values) + eps
+    assert iv["ci95"][0] - eps <= statistics.median(values) <= iv["ci95"][1] + eps
+    assert min(values) - eps <= iv["ci95"][0] and iv["ci95"][1] <= max(values) + eps
 
 
 def test_speedup_interval_is_the_ratio_of_medians_with_a_bootstrap_band():
     sp = speedup_interval([20, 22, 21, 19, 20], [10, 11, 10, 9, 10])
     assert sp["value"] == pytest.approx(2.0)
-    assert sp["ci90"][0] <= 2.0 <= sp["ci90"][1]
+    assert sp["ci95"][0] <= 2.0 <= sp["ci95"][1]
     assert speedup_interval([None, None, 5], [1, 1, 1])["value"] is None  # the base's median is unreached
 
 
@@ -97,43 +101,48 @@ def test_a_scheme_spec_pins_values_after_at():
 def tuned(tmp_path_factory):
     out = tmp_path_factory.mktemp("tuned") / "cmp"
     args = ["compare", *_sets("run.max_time_s=1.5"), "--schemes", "bsp,asp,localsgd@optimizer.lr=0.2",
-            "--tune", "optimizer.lr=0.02,0.2", "--seeds", "2", "--out", str(out), "-q"]
+            "--tune", "optimizer.lr=0.02,0.2", "--tune-seeds", "2", "--seeds", "2", "--out", str(out), "-q"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return out, json.loads((out / "compare.json").read_text())
 
 
-def test_compare_tunes_every_scheme_and_keeps_its_best_point(tuned):
+def test_compare_tunes_on_development_seeds_and_reports_the_evaluation_seeds_after_them(tuned):
     out, data = tuned
     assert data["tune"] == {"optimizer.lr": [0.02, 0.2]}
-    assert "--tune optimizer.lr=0.02,0.2" in data["command"]
+    assert "--tune optimizer.lr=0.02,0.2" in data["command"] and "--tune-seeds 2" in data["command"]
+    assert data["tuning_seeds"] == [0, 1] and data["eval_seeds"] == [2, 3]
     for row in data["rows"]:
-        if row["scheme"].startswith("localsgd"):
-            assert row["tuned"] == {} and row["pinned"] == {"optimizer.lr": "0.2"} and len(row["tuning"]) == 1
-            continue
-        assert [e["point"] for e in row["tuning"]] == [{"optimizer.lr": 0.02}, {"optimizer.lr": 0.2}]
+        assert [s["seed"] for s in row["seeds"]] == [2, 3]  # never a seed a value was chosen on
+        for e in row["tuning"]:  # every grid point ran on every development seed, in its own folder
+            assert [tomllib.loads((out / d / "config.toml").read_text())["run"]["seed"] for d in e["run_dirs"]] == [0, 1]
         best = min(row["tuning"], key=lambda e: (e["median_time_to_target_s"] is None,
                                                  e["median_time_to_target_s"] or 0, -(e["median_final_accuracy"] or 0)))
         assert row["tuned"] == best["point"]
-        assert row["time_to_target_s"] == best["median_time_to_target_s"]
-        assert [s["run_dir"] for s in row["seeds"]] == best["run_dirs"]
-        for e in row["tuning"]:  # every grid point of every seed ran, in its own folder
-            for d in e["run_dirs"]:
-                assert (out / d / "summary.json").exists() and "/tune-optimizer.lr=" in f"/{d}"
-        assert set(row["time_to_target_interval"]) == {"median", "min", "max", "ci90", "n"}
+        if row["scheme"].startswith("localsgd"):  # lr pinned: it tunes its own knob, H, with the common budget
+            assert row["pinned"] == {"optimizer.lr": "0.2"}
+            assert [e["point"] for e in row["tuning"]] == [{"sync.localsgd.local_steps": h} for h in (2, 8, 32)]
+            assert data["grids"][row["scheme"]] == {"sync.localsgd.local_steps": [2, 8, 32]}
+            continue
+        assert [e["point"] for e in row["tuning"]] == [{"optimizer.lr": 0.02}, {"optimizer.lr": 0.2}]
+        assert set(row["time_to_target_interval"]) == {"median", "min", "max", "ci95", "n"}
         assert "final_accuracy_interval" in row and "speedup_vs_bsp_interval" in row
+        assert row["versus"] in ("bsp", "asp", "localsgd@optimizer.lr=0.2") and "p_value" in row
 
 
 def test_the_report_shows_the_tuned_values_and_the_grid(tuned):
     out, data = tuned
     page = (out / "report.html").read_text()
-    assert "Tuning grid" in page and "lr 0.02" in page and "lr 0.2" in page
+    assert "Tuning grid" in page and "lr 0.02" in page and "lr 0.2" in page and "local_steps 32" in page
     assert "median over seeds and the band" in page
+    assert (out / "seed-times.png").is_file() and "seed-times.png" in page  # every seed as a point
+    assert "development seeds 0, 1" in page and "evaluation seeds 2, 3" in page
+    assert any(r["p_value"] is not None for r in data["rows"]) and "p = " in page
 
 
 def test_tuning_a_key_the_scheme_sets_is_one_line_exit_2(tmp_path):
-    result = CliRunner().invoke(app, ["compare", *_sets(), "--schemes", "bsp,asp", "--tune",
-                                      "sync.scheme=bsp,asp", "--out", str(tmp_path / "c"), "-q"])
+    result = CliRunner().invoke(app, ["compare", *_sets(), "--schemes", "bsp,asp", "--tune", "sync.scheme=bsp,asp",
+                                      "--tune-seeds", "1", "--out", str(tmp_path / "c"), "-q"])
     assert result.exit_code == 2
     assert "--tune sync.scheme: scheme bsp sets it itself" in result.output
     assert not (tmp_path / "c").exists()
@@ -142,8 +151,84 @@ def test_tuning_a_key_the_scheme_sets_is_one_line_exit_2(tmp_path):
 def test_bootstrap_ends_stay_none_for_unreached_seeds_never_nan():
     """scipy's resamples are read as order statistics: an end among unreached seeds is None, a finite one a number."""
     iv = interval([1, None, None, 2, 3, None])
-    assert iv["ci90"][1] is None and iv["ci90"][0] == pytest.approx(iv["ci90"][0]) and iv["ci90"][0] >= 1
+    assert iv["ci95"][1] is None and iv["ci95"][0] == pytest.approx(iv["ci95"][0]) and iv["ci95"][0] >= 1
     sp = speedup_interval([None, 1, 2, 3, None], [1, None, 2, 3, 4])
-    assert sp["ci90"][1] is None and sp["ci90"][0] == 0.0  # resamples where only the base never reached it
-    assert interval([5, 5, 5, 5, 5])["ci90"] == [5.0, 5.0]  # ties: no warning, no NaN
+    assert sp["ci95"][1] is None and sp["ci95"][0] == 0.0  # resamples where only the base never reached it
+    assert interval([5, 5, 5, 5, 5])["ci95"] == [5.0, 5.0]  # ties: no warning, no NaN
     assert interval([4, 8, 6, 5, 7], seed=3) == interval([4, 8, 6, 5, 7], seed=3)  # seeded: repeatable
+
+
+# -- the held-out protocol ---------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(-1000, 1000), st.integers(0, 6), st.integers(1, 12))
+def test_tuning_and_evaluation_seeds_never_overlap(base, tune_seeds, seeds):
+    protocol = Protocol(seeds=seeds, tune_seeds=tune_seeds)
+    tuning, evaluation = protocol.tuning_seeds(base), protocol.eval_seeds(base)
+    assert len(tuning) == tune_seeds and len(evaluation) == seeds
+    assert not set(tuning) & set(evaluation) and (not tuning or max(tuning) < min(evaluation))
+
+
+def test_the_plan_tunes_on_development_seeds_only_and_every_scheme_with_knobs_gets_the_same_budget():
+    grid = {"optimizer.lr": [0.05, 0.1]}
+    schemes = parse_schemes("bsp,asp,ssp,localsgd,diloco,gssp")
+    plan = plan_runs(None, schemes, Protocol(seeds=10, tune_seeds=2, grid=grid), FAST + ["run.seed=100"])
+    assert {p.seed for p in plan} == {100, 101} and all(p.tuning for p in plan)
+    configs = {s.name: len({p.point for p in plan if p.scheme == s.name}) for s in schemes}
+    assert configs == {"bsp": 2, "asp": 2, "ssp": 6, "localsgd": 6, "diloco": 6, "gssp": 6}
+    assert {p.point for p in plan if p.scheme == "ssp"} == {
+        (("optimizer.lr", lr), ("sync.ssp.staleness", s)) for lr in (0.05, 0.1) for s in (1, 3, 8)}
+    assert Protocol(10, 2).eval_seeds(100) == list(range(102, 112))
+
+
+def test_every_registered_knob_grid_holds_the_common_budget_and_a_different_one_is_refused():
+    from shoal.registry import SCHEMES
+    from shoal.sync.base import OWN_GRID_POINTS, SchemeSpec, own_grid_points, register_scheme
+
+    knobs = {name: own_grid_points(e.item) for name, e in SCHEMES.entries().items() if e.item.grid}
+    assert set(knobs) >= {"ssp", "gssp", "localsgd", "diloco"} and set(knobs.values()) == {OWN_GRID_POINTS}
+    for name, e in SCHEMES.entries().items():  # each knob's values include its default: the default is a candidate
+        for key, values in e.item.grid:
+            section, option = key.split(".")[1:]
+            assert getattr(getattr(load_config(None, []).sync, section), option) in values, (name, key)
+    with pytest.raises(ValueError, match="its grid holds 2 points, every scheme's 3"):
+        register_scheme(SchemeSpec("twoknob", grid=(("sync.ssp.staleness", (1, 2)),)), "")
+
+
+def test_tune_without_development_seeds_is_refused_in_one_line(tmp_path):
+    result = CliRunner().invoke(app, ["compare", *_sets(), "--schemes", "bsp,asp", "--tune", "optimizer.lr=0.1,0.2",
+                                      "--out", str(tmp_path / "c"), "-q"])
+    assert result.exit_code == 2 and "--tune needs --tune-seeds K" in result.output
+    result = CliRunner().invoke(app, ["compare", *_sets(), "--schemes", "bsp,asp", "--tune-seeds", "2",
+                                      "--out", str(tmp_path / "c"), "-q"])
+    assert result.exit_code == 2 and "nothing to tune" in result.output
+
+
+def test_the_interval_and_p_value_match_scipy_on_a_constructed_example():
+    from scipy import stats
+
+    times = [12.0, 15.0, 11.0, 19.0, 14.0, 13.0, 30.0, 16.0, 12.5, 17.0]
+    ours = interval(times, seed=4)["ci95"]
+    theirs = stats.bootstrap((np.asarray(times),), np.median, n_resamples=2000, method="percentile",
+                             confidence_level=0.95, rng=np.random.default_rng(4)).confidence_interval
+    assert ours == pytest.approx([theirs.low, theirs.high], abs=0.5)  # order statistics vs interpolated percentiles
+    assert mann_whitney([1, 2, 3], [4, 5, 6]) == pytest.approx(0.1)  # exact: 2 of the 20 orderings are as extreme
+    # an unreached seed is slower than every reached one: the same as any time above all others
+    assert mann_whitney([10, 11, None, 12], [20, None, None, 9]) == pytest.approx(
+        stats.mannwhitneyu([10, 11, 99, 12], [20, 99, 99, 9], alternative="two-sided").pvalue)
+    assert mann_whitney([None, None], [None]) is None and mann_whitney([], [1.0]) is None
+
+
+def test_rows_carry_the_p_value_against_the_best_baseline():
+    from shoal.report.rows import add_significance
+
+    def row(name, times):
+        return {"scheme": name, "time_to_target_s": sorted(t for t in times if t is not None)[len(times) // 2],
+                "reached": sum(t is not None for t in times), "seeds": [{"time_to_target_s": t} for t in times]}
+
+    rows = [row("bsp", [20, 21, 22, 23, 24]), row("asp", [10, 11, 12, 13, 14]), row("gssp", [5, 6, 7, 8, None])]
+    add_significance(rows, {"bsp", "asp"})
+    assert [r["versus"] for r in rows] == ["asp"] * 3 and rows[1]["p_value"] is None
+    assert rows[0]["p_value"] == pytest.approx(mann_whitney([20, 21, 22, 23, 24], [10, 11, 12, 13, 14]))
+    assert rows[2]["p_value"] == pytest.approx(mann_whitney([5, 6, 7, 8, None], [10, 11, 12, 13, 14]))

@@ -12,7 +12,7 @@ import functools
 import shlex
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from shoal.config import Config, load_config, toml_value
 from shoal.errors import ConfigError
-from shoal.report.rows import add_speedups, seeds_row, single_row, tuning_entry
+from shoal.report.rows import add_significance, add_speedups, seeds_row, single_row, tuning_entry
 from shoal.report.schemes import Scheme, parse_schemes
 from shoal.report.tuning import choose, grid_points, parse_tune, point_label
 
@@ -41,23 +41,85 @@ class PlannedRun:
     seed: int
     cfg: Config
     run_dir: str
-    point: tuple[tuple[str, Any], ...] = ()  # the --tune grid point this run belongs to
+    point: tuple[tuple[str, Any], ...] = ()  # the grid point this run belongs to
     pinned: tuple[tuple[str, str], ...] = ()  # values the scheme spec pins after "@"
+    tuning: bool = False  # a development seed of the tuning phase (else an evaluation seed)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Which seeds tune and which evaluate, and what is tuned (docs/fair-comparison.md).
+
+    With ``tune_seeds`` K > 0 every scheme tries every point of its grid (the
+    shared ``--tune`` grid times its own knobs' grid) on the K development
+    seeds ``run.seed .. run.seed + K - 1``; the point it keeps then runs on the
+    ``seeds`` evaluation seeds that follow, which nothing was chosen on.
+    """
+
+    seeds: int = 1
+    tune_seeds: int = 0
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    own_knobs: bool = True
+
+    def check(self, schemes: list[Scheme]) -> None:
+        if self.seeds < 1:
+            raise ConfigError(f"--seeds {self.seeds}: must be at least 1")
+        if self.tune_seeds < 0:
+            raise ConfigError(f"--tune-seeds {self.tune_seeds}: must be at least 0")
+        if self.grid and not self.tune_seeds:
+            raise ConfigError("--tune needs --tune-seeds K: values are chosen on K development seeds, then the "
+                              "chosen ones run on the --seeds evaluation seeds that follow them")
+        if self.tune_seeds and not any(self.scheme_grid(s) for s in schemes):
+            raise ConfigError(f"--tune-seeds {self.tune_seeds}: nothing to tune (no --tune, and no scheme "
+                              "with knobs of its own" + ("" if self.own_knobs else " under --no-own-knobs") + ")")
+
+    def scheme_grid(self, scheme: Scheme) -> dict[str, list[Any]]:
+        """Every key the scheme tunes: the shared grid, then its own knobs (a key in both is tuned once), less the
+        keys the scheme pins."""
+        if not self.tune_seeds:
+            return {}
+        own = scheme.own_grid() if self.own_knobs else {}
+        pinned = {k for k, _ in scheme.pinned}
+        tuned = {**self.grid, **{k: v for k, v in own.items() if k not in self.grid}}
+        return {k: v for k, v in tuned.items() if k not in pinned}
+
+    def tuning_seeds(self, base: int) -> list[int]:
+        return list(range(base, base + self.tune_seeds))
+
+    def eval_seeds(self, base: int) -> list[int]:
+        return list(range(base + self.tune_seeds, base + self.tune_seeds + self.seeds))
+
+    def eval_dir(self, scheme: str, k: int) -> str:
+        """The folder of evaluation seed ``run.seed + k``."""
+        return scheme if self.seeds == 1 and not self.tune_seeds else f"{scheme}/seed-{k}"
 
 
 def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: list[str], out: Path, overwrite: bool,
-                   quiet: bool, tune: list[str], command: str | None = None) -> tuple[dict[str, Any], Path]:
-    """Validate everything, run every (scheme, grid point, seed), write compare.json and report.html."""
-    grid = parse_tune(tune)
-    plan = plan_runs(config, parse_schemes(schemes), seeds, overrides, grid)
-    check_compare_dir(out, plan, overwrite)
+                   quiet: bool, tune: list[str], command: str | None = None, tune_seeds: int = 0,
+                   own_knobs: bool = True) -> tuple[dict[str, Any], Path]:
+    """Validate everything, tune on the development seeds, run the evaluation seeds, write compare.json and
+    report.html."""
+    protocol = Protocol(seeds, tune_seeds, parse_tune(tune), own_knobs)
+    parsed = parse_schemes(schemes)
+    plan = plan_runs(config, parsed, protocol, overrides)
+    base_seed = load_config(config, overrides).run.seed
+    eval_dirs = [protocol.eval_dir(s.name, k - base_seed) for s in parsed for k in protocol.eval_seeds(base_seed)]
+    check_compare_dir(out, plan, overwrite, eval_dirs)
     check_backends(plan)
     from shoal.runner import make_out_dir
 
     make_out_dir(out)
-    command = command or command_line(config, schemes, seeds, overrides, None, out, tune)
-    summaries = execute(plan, out, quiet)
-    result = build_compare(plan, summaries, seeds, command, grid)
+    command = command or command_line(config, schemes, seeds, overrides, None, out, tune, tune_seeds, own_knobs)
+    total = len(plan) + (len(eval_dirs) if protocol.tune_seeds else 0)
+    with RunsProgress(total, quiet) as progress:
+        summaries = execute(plan, out, progress)
+        tuning: list[tuple[PlannedRun, dict[str, Any]]] = []
+        if protocol.tune_seeds:
+            tuning = list(zip(plan, summaries))
+            plan = [run for s in parsed for run in evaluation_runs(config, s, protocol, overrides,
+                                                                   chosen_point(tuning, s.name))]
+            summaries = execute(plan, out, progress)
+    result = build_compare(plan, summaries, protocol, command, tuning, base_seed)
     from shoal.engine.metrics import write_json_atomic
     from shoal.report.html import write_report
 
@@ -67,29 +129,57 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
     return result, report
 
 
-def plan_runs(config: Path | None, schemes: list[Scheme], seeds: int, overrides: list[str],
-              grid: dict[str, list[Any]] | None = None) -> list[PlannedRun]:
-    """Validate every (scheme, grid point, seed) config up front; the scheme's keys win over --tune and --set."""
-    if seeds < 1:
-        raise ConfigError(f"--seeds {seeds}: must be at least 1")
-    grid = grid or {}
+def plan_runs(config: Path | None, schemes: list[Scheme], protocol: Protocol | int, overrides: list[str]
+              ) -> list[PlannedRun]:
+    """Validate every run of the first phase up front: each (scheme, grid point, development seed) when tuning,
+    else each (scheme, evaluation seed). The scheme's keys win over the grid and --set."""
+    protocol = protocol if isinstance(protocol, Protocol) else Protocol(seeds=protocol)
+    protocol.check(schemes)
     base_seed = load_config(config, overrides).run.seed
     plan = []
     for scheme in schemes:
-        pinned = dict(scheme.pinned)
+        grid = protocol.scheme_grid(scheme)
         _check_tunable(scheme, grid)
-        for point in grid_points(grid, pinned) if grid else [{}]:
-            tuned = [f"{k}={toml_value(v)}" for k, v in point.items()]
-            for k in range(seeds):
-                try:
-                    cfg = load_config(config, overrides + tuned + list(scheme.overrides) + [f"run.seed={base_seed + k}"])
-                except ConfigError as err:
-                    raise ConfigError(f"scheme {scheme.name}: {err}") from None
-                parts = [scheme.name] + ([f"tune-{point_label(point)}"] if grid else []) + (
-                    [f"seed-{k}"] if seeds > 1 else [])
-                plan.append(PlannedRun(scheme.name, base_seed + k, cfg, "/".join(parts), tuple(point.items()),
-                                       scheme.pinned))
+        if not protocol.tune_seeds:
+            plan += evaluation_runs(config, scheme, protocol, overrides, {}, base_seed)
+            continue
+        for point in grid_points(grid, dict(scheme.pinned)):
+            for seed in protocol.tuning_seeds(base_seed):
+                run_dir = f"{scheme.name}/tune/{point_label(point)}/seed-{seed - base_seed}"
+                plan.append(_planned(config, scheme, overrides, point, seed, run_dir, tuning=True))
     return plan
+
+
+def evaluation_runs(config: Path | None, scheme: Scheme, protocol: Protocol, overrides: list[str],
+                    point: dict[str, Any], base_seed: int | None = None) -> list[PlannedRun]:
+    """The scheme at ``point`` on every evaluation seed."""
+    base_seed = load_config(config, overrides).run.seed if base_seed is None else base_seed
+    return [_planned(config, scheme, overrides, point, seed, protocol.eval_dir(scheme.name, seed - base_seed))
+            for seed in protocol.eval_seeds(base_seed)]
+
+
+def _planned(config: Path | None, scheme: Scheme, overrides: list[str], point: dict[str, Any], seed: int,
+             run_dir: str, tuning: bool = False) -> PlannedRun:
+    tuned = [f"{k}={toml_value(v)}" for k, v in point.items()]
+    try:
+        cfg = load_config(config, overrides + tuned + list(scheme.overrides) + [f"run.seed={seed}"])
+    except ConfigError as err:
+        raise ConfigError(f"scheme {scheme.name}: {err}") from None
+    return PlannedRun(scheme.name, seed, cfg, run_dir, tuple(point.items()), scheme.pinned, tuning)
+
+
+def chosen_point(tuning: list[tuple[PlannedRun, dict[str, Any]]], scheme: str) -> dict[str, Any]:
+    """The grid point a scheme keeps: the best by ``choose`` over its development seeds."""
+    entries = tuning_entries(tuning, scheme)
+    return entries[choose(entries)]["point"]
+
+
+def tuning_entries(tuning: list[tuple[PlannedRun, dict[str, Any]]], scheme: str) -> list[dict[str, Any]]:
+    """One entry per grid point of a scheme: its development seeds' times to target and final values."""
+    mine = [(p, s) for p, s in tuning if p.scheme == scheme]
+    points = list(dict.fromkeys(p.point for p, _ in mine))
+    return [tuning_entry(dict(point), [s for p, s in mine if p.point == point],
+                         [p.run_dir for p, _ in mine if p.point == point]) for point in points]
 
 
 def _check_tunable(scheme: Scheme, grid: dict[str, list[Any]]) -> None:
@@ -100,13 +190,15 @@ def _check_tunable(scheme: Scheme, grid: dict[str, list[Any]]) -> None:
             raise ConfigError(f"--tune {key}: scheme {scheme.name} sets it itself; tune another key")
 
 
-def check_compare_dir(out: Path, plan: list[PlannedRun], overwrite: bool) -> None:
-    """Refuse a folder that holds an earlier comparison (or any of the runs) unless --overwrite."""
+def check_compare_dir(out: Path, plan: list[PlannedRun], overwrite: bool, later: list[str] = ()) -> None:
+    """Refuse a folder that holds an earlier comparison (or any of the runs, ``later`` ones included) unless
+    --overwrite."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder")
     if overwrite:
         return
-    taken = [out / name for name in COMPARE_FILES] + [out / p.run_dir / name for p in plan for name in RUN_FILES]
+    dirs = [p.run_dir for p in plan] + list(later)
+    taken = [out / name for name in COMPARE_FILES] + [out / d / name for d in dirs for name in RUN_FILES]
     found = next((path for path in taken if path.exists()), None)
     if found is not None:
         raise ConfigError(f"--out {out}: already holds a comparison ({found.relative_to(out)}); "
@@ -129,10 +221,11 @@ def check_backends(plan: list[PlannedRun]) -> None:
 
 
 def command_line(config: Path | None, schemes: str, seeds: int, sets: list[str], backend: str | None, out: Path,
-             tune: list[str] = ()) -> str:
+                 tune: list[str] = (), tune_seeds: int = 0, own_knobs: bool = True) -> str:
     """The command line that reproduces this comparison (shown in the report)."""
     args = ["shoal", "compare"] + (["--config", str(config)] if config else []) + ["--schemes", schemes]
     args += (["--seeds", str(seeds)] if seeds > 1 else []) + (["--backend", backend] if backend else [])
+    args += (["--tune-seeds", str(tune_seeds)] if tune_seeds else []) + ([] if own_knobs else ["--no-own-knobs"])
     for t in tune:
         args += ["--tune", t]
     for s in sets:
@@ -143,28 +236,27 @@ def command_line(config: Path | None, schemes: str, seeds: int, sets: list[str],
 # -- running -------------------------------------------------------------------------------------
 
 
-def execute(plan: list[PlannedRun], out: Path, quiet: bool) -> list[dict[str, Any]]:
-    """Run the plan in order, each into its folder, with one progress display across runs."""
+def execute(plan: list[PlannedRun], out: Path, progress: "RunsProgress") -> list[dict[str, Any]]:
+    """Run the plan in order, each into its folder, on the comparison's progress display."""
     from shoal.runner import train  # heavy (torch): only once everything is validated
 
     if out.exists():
         for name in COMPARE_FILES:  # --overwrite: no stale report may describe the new runs
             (out / name).unlink(missing_ok=True)
     summaries = []
-    with RunsProgress(plan, quiet) as progress:
-        for run in plan:
-            progress.begin(run)
-            summary = train(run.cfg, out / run.run_dir, overwrite=True, progress=progress.tick)
-            progress.end(run, summary)
-            summaries.append(summary)
+    for run in plan:
+        progress.begin(run)
+        summary = train(run.cfg, out / run.run_dir, overwrite=True, progress=progress.tick)
+        progress.end(run, summary)
+        summaries.append(summary)
     return summaries
 
 
 class RunsProgress:
     """Two bars on stderr: runs done of total, and the current run's virtual time, iterations, accuracy."""
 
-    def __init__(self, plan: list[PlannedRun], quiet: bool) -> None:
-        self.quiet, self.total = quiet, len(plan)
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.quiet, self.total = quiet, total
         self.bar = Progress(
             TextColumn("{task.description}", style="bold"), BarColumn(), TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), console=console, transient=True,
@@ -185,7 +277,8 @@ class RunsProgress:
 
     @staticmethod
     def _label(run: PlannedRun) -> str:
-        return run.scheme + (f" seed {run.seed}" if "/seed-" in run.run_dir else "")
+        tuning = f" tuning {point_label(dict(run.point))}" if run.tuning else ""
+        return run.scheme + tuning + (f" seed {run.seed}" if "/seed-" in run.run_dir else "")
 
     def tick(self, tick: dict[str, Any]) -> None:
         if self.quiet:
@@ -214,39 +307,42 @@ class RunsProgress:
 # -- results -------------------------------------------------------------------------------------
 
 
-def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], seeds: int, command: str,
-                  grid: dict[str, list[Any]] | None = None) -> dict[str, Any]:
-    """compare.json: what was compared, and one row per scheme (at its tuned grid point) with the speed-up over BSP."""
+def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], protocol: Protocol, command: str,
+                  tuning: list[tuple[PlannedRun, dict[str, Any]]] = (), base_seed: int = 0) -> dict[str, Any]:
+    """compare.json: what was compared and how, and one row per scheme (its evaluation seeds at its kept point) with
+    the speed-up over BSP and the p-value against the best baseline."""
     names = list(dict.fromkeys(p.scheme for p in plan))
     rows = []
     for name in names:
-        mine = [(p, s) for p, s in zip(plan, summaries) if p.scheme == name]
-        points = list(dict.fromkeys(p.point for p, _ in mine))
-        by_point = [[(p, s) for p, s in mine if p.point == point] for point in points]
-        entries = [tuning_entry(dict(point), [s for _, s in runs], [p.run_dir for p, _ in runs])
-                   for point, runs in zip(points, by_point)]
-        runs = by_point[choose(entries)]
-        if seeds == 1:
+        runs = [(p, s) for p, s in zip(plan, summaries) if p.scheme == name]
+        if len(runs) == 1:
             row = single_row(name, runs[0][1], runs[0][0].run_dir)
         else:
             row = seeds_row(name, [s for _, s in runs], [p.run_dir for p, _ in runs], [p.seed for p, _ in runs])
-        if grid:
+        if protocol.tune_seeds:
             row["tuned"] = dict(runs[0][0].point)
-            row["tuning"] = entries
+            row["tuning"] = tuning_entries(list(tuning), name)
         if runs[0][0].pinned:
             row["pinned"] = dict(runs[0][0].pinned)
         rows.append(row)
+    schemes = {s.name: s for s in parse_schemes(",".join(names))} if names else {}
     first = plan[0].cfg
     return {
         "command": command,
         "provenance": provenance(),
         "schemes": names,
-        "seeds": seeds,
-        "tune": grid or {},
+        "seeds": protocol.seeds,
+        "tune": protocol.grid,
+        "tune_seeds": protocol.tune_seeds,
+        "tuning_seeds": protocol.tuning_seeds(base_seed),
+        "eval_seeds": protocol.eval_seeds(base_seed),
+        "grids": {n: protocol.scheme_grid(schemes[n]) for n in names} if protocol.tune_seeds else {},
         "backend": first.backend.name,
+        "metric": first.task.metric,
+        "target": first.run.target,
         "target_accuracy": first.run.target_accuracy,
         "max_time_s": first.run.max_time_s,
-        "rows": add_speedups(rows),
+        "rows": add_significance(add_speedups(rows), {n for n, s in schemes.items() if s.baseline}),
     }
 
 
@@ -278,5 +374,32 @@ def provenance() -> dict[str, Any]:
 
     return {"shoal": __version__, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
             "python": platform.python_version(), "platform": platform.platform(terse=True),
-            "cpu": cpu_model(), "torch": importlib.metadata.version("torch")}
+            "cpu": cpu_model(), "torch": importlib.metadata.version("torch"), **git_provenance()}
+
+
+#: where every default lives: the config sections (each key's default) and the schemes (their own grids)
+DEFAULT_PATHS = ("src/shoal/config", "src/shoal/sync")
+
+
+def git_provenance() -> dict[str, Any]:
+    """The commit of the code that ran, and the commit at which the defaults were last changed (frozen).
+
+    ``defaults_dirty`` is true when the defaults have uncommitted changes: such
+    a results file was not produced with frozen defaults. Empty outside a git
+    checkout of shoal (an installed wheel).
+    """
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return {}
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {"commit": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "src")),
+            "defaults_commit": git("log", "-1", "--format=%H", "--", *DEFAULT_PATHS) or None,
+            "defaults_dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", *DEFAULT_PATHS))}
 

@@ -19,15 +19,23 @@ SCHEMES_HELP = (f"Comma-separated specs base[+modifier...][@section.key=value...
                 "modifiers sim, any compression.method (topk, powersgd, ...), ina or ina-<network.algorithm>; "
                 "@ pins a value (kept out of --tune).")
 TUNE_HELP = ("Tune KEY over the values for every scheme, e.g. optimizer.lr=0.01,0.02,0.05 (repeatable: the grid is "
-             "every combination); each scheme keeps its best median time to target.")
+             "every combination); needs --tune-seeds. Each scheme keeps its best median time to target on the "
+             "development seeds.")
+TUNE_SEEDS_HELP = ("Development seeds: every scheme tries every point of its grid (--tune, times its own knobs' grid) "
+                   "on run.seed .. run.seed+K-1 and keeps the best; the --seeds evaluation seeds follow them.")
 
 
 @user_errors_exit_2
 def compare(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (defaults when omitted)."),
     schemes: str = typer.Option(..., "--schemes", help=SCHEMES_HELP),
-    seeds: int = typer.Option(1, "--seeds", help="Runs per scheme; seed k uses run.seed + k and medians are reported."),
+    seeds: int = typer.Option(1, "--seeds", help="Evaluation runs per scheme (seeds after the --tune-seeds ones); "
+                                                 "rows report medians, intervals and p-values."),
     tune: list[str] = typer.Option([], "--tune", metavar="KEY=V1,V2,...", help=TUNE_HELP),
+    tune_seeds: int = typer.Option(0, "--tune-seeds", metavar="K", help=TUNE_SEEDS_HELP),
+    own_knobs: bool = typer.Option(True, "--own-knobs/--no-own-knobs",
+                                   help="With --tune-seeds: also tune each scheme's own knobs (SSP's s, localsgd's H, "
+                                        "diloco's outer lr, GSSP's grouping threshold), 3 points each."),
     backend: Optional[str] = typer.Option(None, "--backend", metavar="sim|ray",
                                           help="sim or ray (overrides backend.name)."),
     set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
@@ -40,7 +48,9 @@ def compare(
     overrides = list(set_) + ([f"backend.name={backend}"] if backend else [])
     out = out or Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
     result, report = run_comparison(config, schemes, seeds, overrides, out, overwrite, quiet, tune,
-                                    command=command_line(config, schemes, seeds, set_, backend, out, tune))
+                                    command=command_line(config, schemes, seeds, set_, backend, out, tune, tune_seeds,
+                                                         own_knobs),
+                                    tune_seeds=tune_seeds, own_knobs=own_knobs)
     if not quiet:
         print_table(result, report)
 
@@ -49,13 +59,34 @@ def print_table(result: dict[str, Any], report: Path) -> None:
     """The results table on stdout, then where the report is."""
     from shoal.report.units import human_bytes
 
-    target = result["target_accuracy"]
-    table = Table(title=f"shoal compare ({result['backend']}, {result['seeds']} seed{'s' * (result['seeds'] > 1)})")
-    for col in ("scheme", f"time to {target:.0%}", "vs BSP", "final acc", "upload", "iterations"):
+    target = result["target_accuracy"] if result.get("target") is None else result["target"]
+    goal = f"{target:.0%}" if result.get("target") is None else f"{target:g}"
+    metric = result.get("metric", "accuracy")
+    seeds = result["eval_seeds"] if result.get("tune_seeds") else result["seeds"]
+    what = f"evaluation seeds {seeds[0]}..{seeds[-1]}" if isinstance(seeds, list) else \
+        f"{seeds} seed{'s' * (seeds > 1)}"
+    table = Table(title=f"shoal compare ({result['backend']}, {what})")
+    many = any("seeds" in r for r in result["rows"])
+    cols = ["scheme", f"time to {goal}"] + (["95% interval", "reached", "p"] if many else []) + [
+        "vs BSP", f"final {metric}", "upload", "iterations"]
+    for col in cols:
         table.add_column(col, justify="left" if col == "scheme" else "right", no_wrap=True)
     for r in result["rows"]:
         ttt, sp, acc = r["time_to_target_s"], r["speedup_vs_bsp"], r["final_accuracy"]
-        table.add_row(r["scheme"], "never" if ttt is None else f"{ttt:.1f}s", "-" if sp is None else f"{sp:.2f}x",
-                      "-" if acc is None else f"{acc:.4f}", human_bytes(r.get("bytes_up")), f"{r['iterations']:,.0f}")
+        cells = [r["scheme"], "never" if ttt is None else f"{ttt:.1f}s"]
+        if many:
+            iv = (r.get("time_to_target_interval") or {}).get("ci95")
+            p = r.get("p_value")
+            cells += ["-" if not iv else f"{_s(iv[0])}..{_s(iv[1])}", f"{r.get('reached', 0)}/{len(r.get('seeds', []))}",
+                      "-" if p is None else f"{p:.3g}"]
+        table.add_row(*cells, "-" if sp is None else f"{sp:.2f}x", "-" if acc is None else f"{acc:.4f}",
+                      human_bytes(r.get("bytes_up")), f"{r['iterations']:,.0f}")
     Console().print(table)
+    versus = next((r["versus"] for r in result["rows"] if r.get("versus")), None)
+    if many and versus:
+        typer.echo(f"p: two-sided Mann-Whitney U of the per-seed times against the best baseline, {versus}")
     typer.echo(f"report: {report}")
+
+
+def _s(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.1f}s"

@@ -178,7 +178,7 @@ def _loss_bytes_section(out: Path, compare: dict[str, Any], rows: list[dict[str,
 def _table_section(out: Path, compare: dict[str, Any], rows: list[dict[str, Any]], runs: list[RunData]) -> Section:
     target = compare.get("target_accuracy")
     exchange = any(r.get("bytes_exchange") for r in rows)
-    tuned = bool(compare.get("tune"))
+    tuned = bool(compare.get("tune_seeds") or compare.get("tune"))
     heads = ["scheme"] + (["tuned"] if tuned else []) + [
         f"time to {target:.0%}" if target else "time to target", "speed-up vs BSP", "final accuracy",
         "best accuracy", "upload", "download"] + (["group exchange"] if exchange else []) + \
@@ -186,9 +186,18 @@ def _table_section(out: Path, compare: dict[str, Any], rows: list[dict[str, Any]
     best = min((r["time_to_target_s"] for r in rows if r.get("time_to_target_s") is not None), default=None)
     split = plots.plot_time_split([(r["scheme"], run.summary.get("per_worker") or []) for r, run in zip(rows, runs)],
                                   out / "time-split.png")
+    seeds = None
+    if any(r.get("seeds") for r in rows):
+        points = [(r["scheme"], [s.get("time_to_target_s") for s in r.get("seeds") or []], r.get("time_to_target_s"))
+                  for r in rows]
+        path = plots.plot_seed_times(points, float(compare.get("max_time_s") or 1.0), out / "seed-times.png",
+                                     time_label(compare.get("backend")))
+        seeds = _img(path, "every seed's time to target per scheme")
     return {"anchor": "results", "heads": heads, "exchange": exchange, "tuned": tuned,
             "seeds": compare.get("seeds", 1), "rows": [_table_row(r, run, best) for r, run in zip(rows, runs)],
-            "split": _img(split, "share of worker time computing, communicating, waiting")}
+            "split": _img(split, "share of worker time computing, communicating, waiting"), "seed_times": seeds,
+            "versus": next((r["versus"] for r in rows if r.get("versus")), None),
+            "eval_seeds": compare.get("eval_seeds"), "tuning_seeds": compare.get("tuning_seeds")}
 
 
 def _table_row(row: dict[str, Any], run: RunData, best: float | None) -> dict[str, Any]:
@@ -201,6 +210,7 @@ def _table_row(row: dict[str, Any], run: RunData, best: float | None) -> dict[st
         "best": ttt is not None and ttt == best, "time": "not reached" if ttt is None else fmt_seconds(ttt),
         "time_spread": _range(row.get("time_to_target_interval"), fmt_seconds), "per_seed": per_seed,
         "reached": row.get("reached", 0), "n_seeds": len(seeds or []),
+        "p": None if row.get("p_value") is None else f"p = {row['p_value']:.3g} vs {row['versus']}",
         "speedup": _speedup(row.get("speedup_vs_bsp")),
         "speedup_interval": _ratio_interval(row.get("speedup_vs_bsp_interval")),
         "final": _acc(row.get("final_accuracy")), "final_interval": _range(row.get("final_accuracy_interval"), _acc),
@@ -213,23 +223,23 @@ def _table_row(row: dict[str, Any], run: RunData, best: float | None) -> dict[st
 
 
 def _range(iv: dict[str, Any] | None, fmt: Any) -> str:
-    """``min..max`` (and the bootstrap 90% interval) of an interval record; unreached ends read "never"."""
+    """``min..max`` (and the bootstrap 95% interval) of an interval record; unreached ends read "never"."""
     if not iv or iv.get("n", 0) < 2:
         return ""
     def f(x: float | None) -> str:
         return "never" if x is None else fmt(x)
 
     text = f"{f(iv['min'])}..{f(iv['max'])}"
-    if iv.get("ci90"):
-        text += f" (90%: {f(iv['ci90'][0])}..{f(iv['ci90'][1])})"
+    if iv.get("ci95"):
+        text += f" (95%: {f(iv['ci95'][0])}..{f(iv['ci95'][1])})"
     return text
 
 
 def _ratio_interval(sp: dict[str, Any] | None) -> str:
-    if not sp or not sp.get("ci90"):
+    if not sp or not sp.get("ci95"):
         return ""
-    lo, hi = sp["ci90"]
-    return f"90%: {_speedup(lo)}..{'∞' if hi is None else _speedup(hi)}"
+    lo, hi = sp["ci95"]
+    return f"95%: {_speedup(lo)}..{'∞' if hi is None else _speedup(hi)}"
 
 
 def _point(point: dict[str, Any]) -> str:
@@ -241,22 +251,20 @@ def _point(point: dict[str, Any]) -> str:
 
 def _tuning_section(compare: dict[str, Any], rows: list[dict[str, Any]]) -> Section | None:
     """Every scheme's grid: median time to target and final accuracy per point, the kept one in bold."""
-    if not compare.get("tune"):
+    if not compare.get("tune_seeds") and not compare.get("tune"):
         return None
-    points = list(dict.fromkeys(_point(e["point"]) for r in rows for e in r.get("tuning", [])))
-    table = []
-    for row in rows:
-        entries = {_point(e["point"]): e for e in row.get("tuning", [])}
-        table.append({"scheme": row["scheme"], "cells": [_tuning_cell(entries.get(p), row) for p in points]})
-    grid = ", ".join(f"{k} in {v}" for k, v in compare["tune"].items())
-    return {"anchor": "tuning", "points": points, "rows": table, "grid": grid}
+    table = [{"scheme": row["scheme"], "cells": [_tuning_cell(e, row) for e in row.get("tuning", [])]} for row in rows]
+    grid = ", ".join(f"{k} in {v}" for k, v in (compare.get("tune") or {}).items()) or "no shared grid"
+    return {"anchor": "tuning", "columns": max((len(r["cells"]) for r in table), default=0), "rows": table,
+            "grid": grid, "seeds": ", ".join(map(str, compare.get("tuning_seeds") or []))}
 
 
 def _tuning_cell(entry: dict[str, Any] | None, row: dict[str, Any]) -> dict[str, Any] | None:
     if entry is None:
         return None
     t = entry["median_time_to_target_s"]
-    return {"text": ("not reached" if t is None else fmt_seconds(t)) + f" · {_acc(entry['median_final_accuracy'])}",
+    return {"point": _point(entry["point"]) or "pinned",
+            "text": ("not reached" if t is None else fmt_seconds(t)) + f" · {_acc(entry['median_final_accuracy'])}",
             "chosen": entry["point"] == (row.get("tuned") or {}), "reached": entry["reached"],
             "seeds": len(entry["time_to_target_s"])}
 

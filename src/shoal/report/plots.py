@@ -169,6 +169,33 @@ def _zoom_near_target(ax: Any, curves: Sequence[Curve], target: float | None) ->
     ax.set_title("Zoom: near the target")
 
 
+def plot_seed_times(rows: Sequence[tuple[str, list[float | None], float | None]], limit: float, path: Path,
+                    time_label: str) -> Path:
+    """Every seed's time to target as a point, one line per scheme, its median as a bar; a seed that never
+    reached the target sits at the right edge as a cross (so a median hides nothing)."""
+    fig = Figure(figsize=(12, 1.0 + 0.5 * len(rows)), layout="constrained")
+    ax = fig.subplots()
+    jitter = np.random.default_rng(0)
+    for y, (name, times, median) in enumerate(rows):
+        color, _ = scheme_style(name)
+        reached = [t for t in times if t is not None]
+        ax.scatter(reached, y + jitter.uniform(-0.15, 0.15, len(reached)), color=color, s=22, alpha=0.8, zorder=3)
+        never = len(times) - len(reached)
+        if never:
+            ax.scatter([limit] * never, y + jitter.uniform(-0.15, 0.15, never), color=color, marker="x", s=30,
+                       zorder=3)
+        if median is not None:
+            ax.plot([median, median], [y - 0.3, y + 0.3], color=color, linewidth=2.5, zorder=2)
+    ax.set_yticks(range(len(rows)), [name for name, _, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, limit * 1.03)
+    ax.axvline(limit, color="#999", linewidth=0.8, linestyle=":")
+    ax.set_xlabel(f"time to target ({time_label}); x at the right edge: never reached within the budget")
+    ax.set_title("Every seed's time to target (bar: median)")
+    ax.grid(axis="x", alpha=0.3)
+    return save_figure(fig, path)
+
+
 # -- (b) where worker time went ---------------------------------------------------------------
 
 

@@ -7,10 +7,11 @@ a seed is reported as "not reached" (null) rather than silently ignoring it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
-from shoal.report.tuning import interval, median_time, speedup_interval
+from shoal.report.tuning import interval, mann_whitney, median_time, speedup_interval
 
 SEED_FIELDS = (
     "seed", "run_dir", "time_to_target_s", "final_accuracy", "best_accuracy", "bytes_up", "bytes_down",
@@ -21,7 +22,7 @@ MEDIAN_FIELDS = (
 )
 
 
-__all__ = ["add_speedups", "median_or_none", "median_time", "seeds_row", "single_row", "speedup", "tuning_entry"]
+__all__ = ["add_significance", "add_speedups", "median_or_none", "median_time", "seeds_row", "single_row", "speedup", "tuning_entry"]
 
 
 def median_or_none(values: list[Any]) -> Any:
@@ -58,6 +59,7 @@ def seeds_row(scheme: str, summaries: list[dict[str, Any]], run_dirs: list[str],
         "time_to_target_s": median_time([s.get("time_to_target_s") for s in summaries]),
         "time_to_target_interval": interval([s.get("time_to_target_s") for s in summaries]),
         "reached": sum(s.get("time_to_target_s") is not None for s in summaries),
+        "reached_share": round(sum(s.get("time_to_target_s") is not None for s in summaries) / len(summaries), 6),
         "final_accuracy_interval": interval([s.get("final_accuracy") for s in summaries if s.get("final_accuracy")
                                              is not None]),
     }
@@ -74,7 +76,7 @@ def seeds_row(scheme: str, summaries: list[dict[str, Any]], run_dirs: list[str],
 def add_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Set ``speedup_vs_bsp`` on every row (None for all when no plain bsp row exists).
 
-    Multi-seed rows also get ``speedup_vs_bsp_interval``: the ratio of medians with a bootstrap 90%
+    Multi-seed rows also get ``speedup_vs_bsp_interval``: the ratio of medians with a bootstrap 95%
     interval (from five seeds on).
     """
     bsp = next((r for r in rows if r["scheme"] == "bsp"), None)
@@ -83,6 +85,26 @@ def add_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["speedup_vs_bsp"] = speedup(bsp_time, row["time_to_target_s"])
         if bsp is not None and "seeds" in row and "seeds" in bsp:
             row["speedup_vs_bsp_interval"] = speedup_interval(_seed_times(bsp), _seed_times(row))
+    return rows
+
+
+def best_baseline(rows: list[dict[str, Any]], baselines: set[str]) -> dict[str, Any] | None:
+    """The baseline row with the lowest median time to target (unreached: slowest), then the most seeds reached."""
+    candidates = [r for r in rows if r["scheme"] in baselines]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda r: (math.inf if r["time_to_target_s"] is None else r["time_to_target_s"],
+                                          -r.get("reached", 0)))
+
+
+def add_significance(rows: list[dict[str, Any]], baselines: set[str]) -> list[dict[str, Any]]:
+    """Set ``versus`` (the best baseline's name) and ``p_value`` (Mann-Whitney U of the per-seed times against
+    it) on every multi-seed row; the best baseline's own p-value, and every one-seed row's, is None."""
+    best = best_baseline(rows, baselines)
+    for row in rows:
+        row["versus"] = None if best is None else best["scheme"]
+        comparable = best is not None and row is not best and "seeds" in row and "seeds" in best
+        row["p_value"] = mann_whitney(_seed_times(row), _seed_times(best)) if comparable else None
     return rows
 
 

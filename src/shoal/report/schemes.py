@@ -13,6 +13,7 @@ a user's scheme (the base) or compressor (a modifier) is written as its
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from shoal.config import toml_value
 from shoal.errors import ConfigError
@@ -41,6 +42,20 @@ class Scheme:
     name: str
     overrides: tuple[str, ...]
     pinned: tuple[tuple[str, str], ...] = ()  # (key, value as written) after "@"
+    base: str = ""  # the synchronisation scheme (sync.scheme)
+    modified: bool = False  # whether modifiers (compression, sim, ina) are layered on the base
+
+    @property
+    def baseline(self) -> bool:
+        """A plain established scheme (bsp, asp, ssp, localsgd, diloco, ...): what p-values compare against."""
+        spec = SCHEMES.get(self.base)
+        return not self.modified and spec is not None and spec.baseline
+
+    def own_grid(self) -> dict[str, list[Any]]:
+        """The base scheme's own knobs (``SchemeSpec.grid``), without the keys this spec pins."""
+        spec = SCHEMES.get(self.base)
+        pinned = {k for k, _ in self.pinned}
+        return {k: list(v) for k, v in (spec.grid if spec else ()) if k not in pinned}
 
 
 def parse_scheme(spec: str) -> Scheme:
@@ -74,7 +89,7 @@ def parse_scheme(spec: str) -> Scheme:
             raise ConfigError(f"--schemes: {spec!r} pins {key}, which the scheme itself sets")
         keys[key] = "@"
         overrides.append(f"{key}={value}")
-    return Scheme(name, tuple(overrides), pinned)
+    return Scheme(name, tuple(overrides), pinned, base, bool(mods))
 
 
 def _short(part: str) -> str:

@@ -1,11 +1,15 @@
 """Fair comparisons, as pure functions: tuning grids, the choice per scheme, intervals over seeds.
 
 A speed-up only counts against baselines that got the same tuning budget:
-every scheme runs the same grid (``--tune KEY=V1,V2``), and each keeps the
-grid point with the best median time to target (an unreached seed counts as
-infinitely slow), ties broken by the best median final accuracy.
-Intervals: min..max over seeds always, and a bootstrap 90% interval of the
-median from five seeds on (scipy.stats.bootstrap).
+every scheme runs the same grid (``--tune KEY=V1,V2``) and its own knobs'
+grid (``SchemeSpec.grid``) on development seeds, and each keeps the grid
+point with the best median time to target (an unreached seed counts as
+infinitely slow), ties broken by the best median final accuracy; the chosen
+point is then judged on evaluation seeds it was not chosen on.
+Intervals: min..max over seeds always, and a bootstrap 95% interval of the
+median from five seeds on (scipy.stats.bootstrap). Significance: a
+two-sided Mann-Whitney U test of the per-seed times against the best
+baseline's, an unreached seed counting as slower than any reached one.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from shoal.errors import ConfigError
 
 BOOTSTRAP_FROM = 5  # seeds needed before a bootstrap interval means anything
 BOOTSTRAP_SAMPLES = 2000
+LEVEL = 0.95  # the intervals' confidence level
+_LO, _HI = int((1 - LEVEL) / 2 * BOOTSTRAP_SAMPLES), int((1 + LEVEL) / 2 * BOOTSTRAP_SAMPLES) - 1
 
 
 def parse_tune(texts: Sequence[str]) -> dict[str, list[Any]]:
@@ -84,28 +90,27 @@ def _median(values: Sequence[float]) -> float | None:
 
 
 def interval(values: Sequence[float | None], seed: int = 0) -> dict[str, Any]:
-    """Median, min..max and (from five values on) a bootstrap 90% interval of the median.
+    """Median, min..max and (from five values on) a bootstrap 95% interval of the median.
 
     None counts as infinitely large (a time never reached); infinite ends are reported as None.
     """
     xs = [math.inf if v is None else float(v) for v in values]
     if not xs:
-        return {"median": None, "min": None, "max": None, "ci90": None, "n": 0}
+        return {"median": None, "min": None, "max": None, "ci95": None, "n": 0}
     out: dict[str, Any] = {"median": _finite(statistics.median(xs)), "min": _finite(min(xs)),
-                           "max": _finite(max(xs)), "ci90": None, "n": len(xs)}
+                           "max": _finite(max(xs)), "ci95": None, "n": len(xs)}
     if len(xs) >= BOOTSTRAP_FROM:
         medians = _bootstrap((xs,), lambda x, axis: np.median(x, axis=axis), seed)
-        out["ci90"] = [_finite(medians[int(0.05 * BOOTSTRAP_SAMPLES)]),
-                       _finite(medians[int(0.95 * BOOTSTRAP_SAMPLES) - 1])]
+        out["ci95"] = [_finite(medians[_LO]), _finite(medians[_HI])]
     return out
 
 
 def speedup_interval(base: Sequence[float | None], mine: Sequence[float | None], seed: int = 0) -> dict[str, Any]:
-    """The speed-up of medians (base / mine) with a bootstrap 90% interval (seeds resampled independently)."""
+    """The speed-up of medians (base / mine) with a bootstrap 95% interval (seeds resampled independently)."""
     b = [math.inf if v is None else float(v) for v in base]
     m = [math.inf if v is None else float(v) for v in mine]
     if not b or not m:
-        return {"value": None, "ci90": None}
+        return {"value": None, "ci95": None}
     value = _ratio(statistics.median(b), statistics.median(m))
     ci = None
     if min(len(b), len(m)) >= BOOTSTRAP_FROM:
@@ -113,8 +118,29 @@ def speedup_interval(base: Sequence[float | None], mine: Sequence[float | None],
             return _ratio_sortable(np.median(bs, axis=axis), np.median(ms, axis=axis))
 
         ratios = _bootstrap((b, m), ratio, seed)
-        ci = [_finite(ratios[int(0.05 * BOOTSTRAP_SAMPLES)]), _finite(ratios[int(0.95 * BOOTSTRAP_SAMPLES) - 1])]
-    return {"value": value, "ci90": ci}
+        ci = [_finite(ratios[_LO]), _finite(ratios[_HI])]
+    return {"value": value, "ci95": ci}
+
+
+def mann_whitney(mine: Sequence[float | None], base: Sequence[float | None]) -> float | None:
+    """Two-sided Mann-Whitney U p-value of two sets of times to target (scipy.stats.mannwhitneyu).
+
+    A seed that never reached the target (None) counts as slower than every
+    seed that did: such seeds share the largest rank. None when a side is
+    empty, or when every seed of both sides is unreached (nothing to rank).
+    """
+    if not mine or not base or all(t is None for t in [*mine, *base]):
+        return None
+    reached = [float(t) for t in [*mine, *base] if t is not None]
+    never = (max(reached) if reached else 0.0) + 1.0  # any value above every reached time ranks the same
+
+    def times(xs: Sequence[float | None]) -> list[float]:
+        return [never if t is None else float(t) for t in xs]
+
+    with warnings.catch_warnings():  # all-equal samples: scipy warns and returns p = 1, which is right
+        warnings.simplefilter("ignore")
+        p = stats.mannwhitneyu(times(mine), times(base), alternative="two-sided").pvalue
+    return None if math.isnan(p) else round(float(p), 6)
 
 
 def _bootstrap(samples: tuple[Sequence[float], ...], statistic: Any, seed: int) -> np.ndarray:

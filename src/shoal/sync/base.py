@@ -162,6 +162,12 @@ class SchemeSpec:
     ina: bool = False
     #: its colour in every report (None: a stable colour from its name)
     color: str | None = None
+    #: its own knobs' tuning grid, ``((key, (v1, v2, v3)), ...)``: ``shoal compare --tune-seeds`` tries every
+    #: point, and every scheme with knobs gets the same number of points (``OWN_GRID_POINTS``), so no scheme is
+    #: tuned harder than another; a scheme without knobs has none
+    grid: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    #: an established method: the p-values of a comparison are against the best of these
+    baseline: bool = True
 
     @property
     def local_models(self) -> bool:
@@ -169,8 +175,23 @@ class SchemeSpec:
         return self.local_steps is not None
 
 
+#: the tuning budget of every scheme that has knobs: points of its own grid (see ``SchemeSpec.grid``)
+OWN_GRID_POINTS = 3
+
+
+def own_grid_points(spec: SchemeSpec) -> int:
+    """How many configurations the scheme's own grid holds (1: nothing to tune)."""
+    points = 1
+    for _, values in spec.grid:
+        points *= len(values)
+    return points
+
+
 def register_scheme(spec: SchemeSpec, help: str) -> SchemeSpec:
-    """Add ``spec`` to the scheme registry under its name."""
+    """Add ``spec`` to the scheme registry under its name; its own grid must hold the common budget."""
+    if spec.grid and own_grid_points(spec) != OWN_GRID_POINTS:
+        raise ValueError(f"scheme {spec.name}: its grid holds {own_grid_points(spec)} points, every scheme's "
+                         f"{OWN_GRID_POINTS}")
     SCHEMES.add(spec.name, spec, help)
     return spec
 
@@ -192,7 +213,7 @@ def load_plugin(spec: str) -> SchemeSpec:
     cls = load_class(spec, SyncPolicy, "start_threshold(worker) and _merge(worker)")
     return SchemeSpec(spec, policy=lambda workers, sync: cls(workers, **sync.options),
                       allreduce=bool(getattr(cls, "allreduce", False)), ina=bool(getattr(cls, "ina", False)),
-                      color=getattr(cls, "color", None))
+                      color=getattr(cls, "color", None), baseline=False)
 
 
 SCHEMES.accept_plugins(load_plugin)

@@ -158,5 +158,6 @@ register_scheme(SchemeSpec("bsp", policy=lambda workers, sync: BSP(workers), all
                 "bulk-synchronous: every round waits for every worker, then applies the mean gradient")
 register_scheme(SchemeSpec("asp", policy=lambda workers, sync: ASP(workers), color="#ff7f0e"),
                 "asynchronous: nobody waits, every gradient is applied as it arrives")
-register_scheme(SchemeSpec("ssp", policy=lambda workers, sync: SSP(workers, sync.ssp.staleness), color="#2ca02c"),
+register_scheme(SchemeSpec("ssp", policy=lambda workers, sync: SSP(workers, sync.ssp.staleness), color="#2ca02c",
+                           grid=(("sync.ssp.staleness", (1, 3, 8)),)),
                 "stale-synchronous: at most sync.ssp.staleness iterations ahead of the slowest worker")
