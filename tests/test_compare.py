@@ -258,3 +258,25 @@ def test_report_on_a_bad_folder_is_one_line_and_exit_2(tmp_path, damage, message
     assert len(result.stderr.strip().splitlines()) == 1
     assert not list(folder.glob("*.png")) and not (folder / "report.html").exists()  # nothing drawn
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_parallel_jobs_give_the_same_rows_and_resume_runs_only_what_is_missing(tmp_path):
+    args = ["compare", *_sets("run.max_time_s=1.0"), "--schemes", "bsp,asp", "--seeds", "2", "-q"]
+    one = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "one")])
+    two = CliRunner().invoke(app, [*args, "--jobs", "2", "--out", str(tmp_path / "two")])
+    assert one.exit_code == 0 and two.exit_code == 0, one.output + two.output
+
+    def seeds(folder):
+        rows = json.loads((folder / "compare.json").read_text())["rows"]
+        return [[(s["seed"], s["time_to_target_s"], s["final_accuracy"], s["iterations"]) for s in r["seeds"]]
+                for r in rows]
+
+    assert seeds(tmp_path / "one") == seeds(tmp_path / "two")
+    kept = tmp_path / "one" / "bsp" / "seed-0" / "summary.json"
+    before = kept.stat().st_mtime_ns
+    (tmp_path / "one" / "asp" / "seed-1" / "summary.json").unlink()  # as if cut off during this run
+    again = CliRunner().invoke(app, [*args, "--resume", "--out", str(tmp_path / "one")])
+    assert again.exit_code == 0, again.output
+    assert kept.stat().st_mtime_ns == before and seeds(tmp_path / "one") == seeds(tmp_path / "two")
+    changed = CliRunner().invoke(app, [*args, "--resume", "--set", "optimizer.lr=0.05", "--out", str(tmp_path / "one")])
+    assert changed.exit_code == 0 and kept.stat().st_mtime_ns != before  # another config: every run again

@@ -284,3 +284,14 @@ def test_gssp_on_allreduce_groups_pays_each_groups_own_ring_and_still_exchanges(
     assert abs(done[0] - done[1]) <= 1 and abs(done[2] - done[3]) <= 1 < done[0] - done[2]  # lockstep inside
     assert all(any(e["comm_s"] == pytest.approx(r) for r in rings.values()) for e in its)
     assert its[0]["comm_s"] == pytest.approx(rings[4]) and its[-1]["comm_s"] == pytest.approx(rings[2])
+
+
+@pytest.mark.parametrize("scheme", ["bsp", "asp"])
+def test_evaluation_every_k_iterations_lands_on_the_multiples(fast_config, tmp_path, scheme):
+    cfg = fast_config("run.eval_every_iterations=10", "run.stop_at_target=false", f"sync.scheme={scheme}",
+                      "cluster.speeds=[1, 1, 2, 3]")
+    summary = train(cfg, tmp_path / "run")
+    evals = [e for e in read_jsonl(tmp_path / "run" / "metrics.jsonl") if e["event"] == "eval"]
+    counts = [e["iterations"] for e in evals]
+    assert counts[0] == 0 and counts[1:-1] == list(range(10, 10 * (len(counts) - 1), 10))
+    assert counts[-1] == summary["iterations"]  # the final evaluation at the stop

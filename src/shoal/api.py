@@ -59,7 +59,8 @@ def train(config: ConfigLike | None = None, *, out: str | Path | None = None, ov
 
 def compare(config: str | Path | None = None, *, schemes: Sequence[str] | str, out: str | Path | None = None,
             seeds: int = 1, overrides: Sequence[str] = (), tune: Sequence[str] = (), tune_seeds: int = 0,
-            own_knobs: bool = True, progress: bool = True, overwrite: bool = False) -> dict[str, Any]:
+            own_knobs: bool = True, jobs: int = 1, resume: bool = False, progress: bool = True,
+            overwrite: bool = False) -> dict[str, Any]:
     """Run ``shoal compare`` and return compare.json (its rows, the command that reproduces it): with
     ``tune_seeds`` K, every scheme is tuned on K development seeds and judged on ``seeds`` evaluation seeds."""
     from shoal.comparison import run_comparison
@@ -67,5 +68,6 @@ def compare(config: str | Path | None = None, *, schemes: Sequence[str] | str, o
     names = schemes if isinstance(schemes, str) else ",".join(schemes)
     folder = Path(out) if out is not None else Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
     result, _ = run_comparison(Path(config) if config is not None else None, names, seeds, list(overrides), folder,
-                               overwrite, not progress, list(tune), tune_seeds=tune_seeds, own_knobs=own_knobs)
+                               overwrite, not progress, list(tune), tune_seeds=tune_seeds, own_knobs=own_knobs,
+                               jobs=jobs, resume=resume)
     return result

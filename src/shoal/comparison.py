@@ -96,7 +96,7 @@ class Protocol:
 
 def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: list[str], out: Path, overwrite: bool,
                    quiet: bool, tune: list[str], command: str | None = None, tune_seeds: int = 0,
-                   own_knobs: bool = True) -> tuple[dict[str, Any], Path]:
+                   own_knobs: bool = True, jobs: int = 1, resume: bool = False) -> tuple[dict[str, Any], Path]:
     """Validate everything, tune on the development seeds, run the evaluation seeds, write compare.json and
     report.html."""
     protocol = Protocol(seeds, tune_seeds, parse_tune(tune), own_knobs)
@@ -104,7 +104,9 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
     plan = plan_runs(config, parsed, protocol, overrides)
     base_seed = load_config(config, overrides).run.seed
     eval_dirs = [protocol.eval_dir(s.name, k - base_seed) for s in parsed for k in protocol.eval_seeds(base_seed)]
-    check_compare_dir(out, plan, overwrite, eval_dirs)
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: must be at least 1")
+    check_compare_dir(out, plan, overwrite or resume, eval_dirs)
     check_backends(plan)
     from shoal.runner import make_out_dir
 
@@ -112,13 +114,13 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
     command = command or command_line(config, schemes, seeds, overrides, None, out, tune, tune_seeds, own_knobs)
     total = len(plan) + (len(eval_dirs) if protocol.tune_seeds else 0)
     with RunsProgress(total, quiet) as progress:
-        summaries = execute(plan, out, progress)
+        summaries = execute(plan, out, progress, jobs, resume)
         tuning: list[tuple[PlannedRun, dict[str, Any]]] = []
         if protocol.tune_seeds:
             tuning = list(zip(plan, summaries))
             plan = [run for s in parsed for run in evaluation_runs(config, s, protocol, overrides,
                                                                    chosen_point(tuning, s.name))]
-            summaries = execute(plan, out, progress)
+            summaries = execute(plan, out, progress, jobs, resume)
     result = build_compare(plan, summaries, protocol, command, tuning, base_seed)
     from shoal.engine.metrics import write_json_atomic
     from shoal.report.html import write_report
@@ -236,20 +238,63 @@ def command_line(config: Path | None, schemes: str, seeds: int, sets: list[str],
 # -- running -------------------------------------------------------------------------------------
 
 
-def execute(plan: list[PlannedRun], out: Path, progress: "RunsProgress") -> list[dict[str, Any]]:
-    """Run the plan in order, each into its folder, on the comparison's progress display."""
+def execute(plan: list[PlannedRun], out: Path, progress: "RunsProgress", jobs: int = 1,
+            resume: bool = False) -> list[dict[str, Any]]:
+    """Run the plan, each run into its folder, on the comparison's progress display: in order, or ``jobs`` at a
+    time in worker processes (a sim run's results do not depend on what else the machine runs). With ``resume``
+    a run whose folder already holds its finished summary under the same config is read, not run again."""
     from shoal.runner import train  # heavy (torch): only once everything is validated
 
     if out.exists():
         for name in COMPARE_FILES:  # --overwrite: no stale report may describe the new runs
             (out / name).unlink(missing_ok=True)
-    summaries = []
-    for run in plan:
-        progress.begin(run)
-        summary = train(run.cfg, out / run.run_dir, overwrite=True, progress=progress.tick)
-        progress.end(run, summary)
-        summaries.append(summary)
-    return summaries
+    summaries: dict[int, dict[str, Any]] = {}
+    for i, run in enumerate(plan):
+        done = finished_summary(out / run.run_dir, run.cfg) if resume else None
+        if done is not None:
+            summaries[i] = done
+            progress.end(run, done, reused=True)
+    todo = [i for i in range(len(plan)) if i not in summaries]
+    if jobs <= 1:
+        for i in todo:
+            progress.begin(plan[i])
+            summaries[i] = train(plan[i].cfg, out / plan[i].run_dir, overwrite=True, progress=progress.tick)
+            progress.end(plan[i], summaries[i])
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_train_quietly, plan[i].cfg, out / plan[i].run_dir): i for i in todo}
+            for future in as_completed(futures):
+                i = futures[future]
+                summaries[i] = future.result()
+                progress.end(plan[i], summaries[i])
+    return [summaries[i] for i in range(len(plan))]
+
+
+def _train_quietly(cfg: Config, run_dir: Path) -> dict[str, Any]:
+    """One run in a worker process of ``--jobs``."""
+    from shoal.runner import train
+
+    return train(cfg, run_dir, overwrite=True)
+
+
+def finished_summary(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
+    """The summary of a finished run in ``run_dir`` made with exactly ``cfg`` (None: it must run again)."""
+    import json
+
+    from shoal.config import to_toml
+
+    try:
+        if (run_dir / "config.toml").read_text() != to_toml(cfg):
+            return None
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("stop_reason") in (None, "interrupted", "internal_error"):
+        return None
+    return summary
 
 
 class RunsProgress:
@@ -288,16 +333,17 @@ class RunsProgress:
             f" acc={acc:.3f}" if acc is not None else "")
         self.bar.update(self.current, completed=min(tick["t"], self.budget), info=info)
 
-    def end(self, run: PlannedRun, summary: dict[str, Any]) -> None:
+    def end(self, run: PlannedRun, summary: dict[str, Any], reused: bool = False) -> None:
         if self.quiet:
             return
         self.done += 1
         self.bar.update(self.all, completed=self.done, info=f"{self.done}/{self.total} runs")
-        ttt, acc = summary["time_to_target_s"], summary["final_accuracy"]
+        ttt, acc = summary["time_to_target_s"], summary.get("final_metric", summary["final_accuracy"])
         reached = f"target at {ttt:.1f}s" if ttt is not None else "target not reached"
         acc_text = f"{acc:.3f}" if acc is not None else "-"
-        self.bar.console.print(f"[green]done[/] {self._label(run)}: {reached}, final accuracy {acc_text}, "
-                               f"{summary['iterations']} iterations, wall {summary['wall_s']:.0f}s")
+        self.bar.console.print(f"[green]{'kept' if reused else 'done'}[/] {self._label(run)}: {reached}, final "
+                               f"{summary.get('metric', 'accuracy')} {acc_text}, {summary['iterations']} iterations, "
+                               f"wall {summary['wall_s']:.0f}s")
 
     def __exit__(self, *exc: Any) -> None:
         if not self.quiet:

@@ -42,6 +42,10 @@ def compare(
                                  help="Override a key in every run: section.key=value (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default runs/compare-<time>)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Write over an earlier comparison in --out."),
+    resume: bool = typer.Option(False, "--resume", help="Keep the finished runs already in --out whose config is the "
+                                                        "planned one; run only the rest (an interrupted comparison)."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Runs at a time, each in its own process (sim results do not "
+                                                     "depend on the machine's load)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display and no results table."),
 ) -> None:
     """Compare schemes (e.g. bsp,ssp,gssp,gssp+gdtopk) on one config and write an HTML report with plots."""
@@ -50,7 +54,7 @@ def compare(
     result, report = run_comparison(config, schemes, seeds, overrides, out, overwrite, quiet, tune,
                                     command=command_line(config, schemes, seeds, set_, backend, out, tune, tune_seeds,
                                                          own_knobs),
-                                    tune_seeds=tune_seeds, own_knobs=own_knobs)
+                                    tune_seeds=tune_seeds, own_knobs=own_knobs, jobs=jobs, resume=resume)
     if not quiet:
         print_table(result, report)
 
@@ -72,7 +76,8 @@ def print_table(result: dict[str, Any], report: Path) -> None:
     for col in cols:
         table.add_column(col, justify="left" if col == "scheme" else "right", no_wrap=True)
     for r in result["rows"]:
-        ttt, sp, acc = r["time_to_target_s"], r["speedup_vs_bsp"], r["final_accuracy"]
+        ttt, sp = r["time_to_target_s"], r["speedup_vs_bsp"]
+        acc = r["final_accuracy"] if metric == "accuracy" else r.get("final_metric")
         cells = [r["scheme"], "never" if ttt is None else f"{ttt:.1f}s"]
         if many:
             iv = (r.get("time_to_target_interval") or {}).get("ci95")

@@ -14,11 +14,11 @@ from typing import Any
 from shoal.report.tuning import interval, mann_whitney, median_time, speedup_interval
 
 SEED_FIELDS = (
-    "seed", "run_dir", "time_to_target_s", "final_accuracy", "best_accuracy", "bytes_up", "bytes_down",
+    "seed", "run_dir", "time_to_target_s", "final_accuracy", "best_accuracy", "final_metric", "best_metric", "bytes_up", "bytes_down",
     "bytes_exchange", "iterations", "elapsed_s", "wall_s", "stop_reason",
 )
 MEDIAN_FIELDS = (
-    "final_accuracy", "best_accuracy", "bytes_up", "bytes_down", "bytes_exchange", "iterations", "elapsed_s", "wall_s",
+    "final_accuracy", "best_accuracy", "final_metric", "best_metric", "bytes_up", "bytes_down", "bytes_exchange", "iterations", "elapsed_s", "wall_s",
 )
 
 
@@ -112,10 +112,19 @@ def _seed_times(row: dict[str, Any]) -> list[float | None]:
     return [s.get("time_to_target_s") for s in row["seeds"]]
 
 
+def final_scores(summaries: list[dict[str, Any]]) -> list[float | None]:
+    """Each run's final value of its metric, signed so that higher is better (bits per byte: its negative)."""
+    scores = []
+    for s in summaries:
+        value = s.get("final_metric", s.get("final_accuracy"))
+        scores.append(None if value is None else value if s.get("higher_is_better", True) else -value)
+    return scores
+
+
 def tuning_entry(point: dict[str, Any], summaries: list[dict[str, Any]], run_dirs: list[str]) -> dict[str, Any]:
     """One ``--tune`` grid point of a scheme: its values, each seed's time to target and final accuracy, medians."""
     times = [s.get("time_to_target_s") for s in summaries]
     finals = [s.get("final_accuracy") for s in summaries]
-    return {"point": point, "time_to_target_s": times, "final_accuracy": finals,
+    return {"point": point, "time_to_target_s": times, "final_accuracy": finals, "final_score": final_scores(summaries),
             "median_time_to_target_s": median_time(times), "median_final_accuracy": median_or_none(finals),
             "reached": sum(t is not None for t in times), "run_dirs": run_dirs}

@@ -70,18 +70,19 @@ def median_time(times: Sequence[float | None]) -> float | None:
 
 
 def _rank(median_time_s: float | None, median_final: float | None) -> tuple[float, float]:
-    return (math.inf if median_time_s is None else median_time_s, -(median_final or 0.0))
+    return (math.inf if median_time_s is None else median_time_s, math.inf if median_final is None else -median_final)
 
 
 def choose(points: Sequence[dict[str, Any]]) -> int:
-    """Index of the best grid point: lowest median time to target, then highest median final accuracy.
+    """Index of the best grid point: lowest median time to target, then the best median final value of the metric.
 
-    Each point has ``time_to_target_s`` and ``final_accuracy`` lists over seeds.
+    Each point has ``time_to_target_s`` and ``final_accuracy`` lists over seeds, and ``final_score`` (the
+    metric signed so that higher is better) where the metric is not accuracy.
     """
     if not points:
         raise ValueError("nothing to choose from")
-    ranks = [_rank(median_time(p["time_to_target_s"]), _median([a for a in p["final_accuracy"] if a is not None]))
-             for p in points]
+    ranks = [_rank(median_time(p["time_to_target_s"]),
+                   _median([a for a in p.get("final_score", p["final_accuracy"]) if a is not None])) for p in points]
     return min(range(len(points)), key=lambda i: ranks[i])
 
 

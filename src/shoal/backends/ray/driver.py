@@ -127,10 +127,14 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
 
     def _loop(self) -> None:
         period, next_eval = self.cfg.run.eval_every_s, self.offset
+        every, next_eval_at = self.cfg.run.eval_every_iterations, self.recorder.iterations
         next_drain, next_ckpt = 0.0, self.offset + self._ckpt_period()
         while True:
             now = self.now()
-            if now >= next_eval:
+            if every and self.recorder.iterations >= next_eval_at:  # as the drained records cross each multiple
+                self._submit_evaluation()
+                next_eval_at = (self.recorder.iterations // every + 1) * every
+            elif not every and now >= next_eval:
                 self._submit_evaluation()
                 next_eval = max(next_eval + period, self.now() - period / 2)
             self._collect_evaluation()

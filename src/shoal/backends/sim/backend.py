@@ -214,6 +214,9 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
             self._gssp_step(w, server, applied, compute + comm)
         if self.cfg.optimizer.lr_decay_epochs:
             self._decay_lr()
+        every = self.cfg.run.eval_every_iterations
+        if every and self.recorder.iterations % every == 0 and not self.stop.triggered:
+            self._evaluate()
         if self.cfg.run.max_iterations and self.recorder.iterations >= self.cfg.run.max_iterations:
             self._finish("iteration_budget")
         if due and applied and not self.stop.triggered:
@@ -340,8 +343,13 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
     # -- clock, evaluation, stopping -------------------------------------------------
 
     def _clock(self, first_at: float | None = None) -> Iterator[simpy.Event]:
-        """Evaluate every run.eval_every_s (a resumed run: first at the saved time)."""
+        """Evaluate every run.eval_every_s (a resumed run: first at the saved time); with run.eval_every_iterations
+        only at the start here, then from ``_deliver``."""
         period = self.cfg.run.eval_every_s
+        if self.cfg.run.eval_every_iterations:
+            if first_at is None:
+                self._evaluate()
+            return
         if first_at is not None:
             yield at(self.env, first_at)
         while True:

@@ -1,0 +1,124 @@
+"""The evidence studies: every scheme on a workload that matters, under the held-out protocol of shoal compare.
+
+Each study is one ``shoal compare`` (shoal.comparison.run_comparison): every
+scheme tunes its own knobs (3 points each) on the development seeds, the
+point it keeps runs on >= 10 evaluation seeds after them, and each row
+carries its median time to target, a bootstrap 95% interval, the share of
+seeds that reached the target and a Mann-Whitney p-value against the best
+baseline (docs/fair-comparison.md). The results file holds every seed's
+numbers, the commit of the code and the commit at which the defaults were
+last changed.
+
+Usage:
+    .venv/bin/python benchmarks/evidence.py STUDY [--jobs 2] [--seeds 10] [--tune-seeds 2] [--resume]
+    .venv/bin/python benchmarks/evidence.py --list
+
+The runs go to runs/evidence/STUDY (``--resume`` keeps its finished runs, so a
+study cut off by the end of a session goes on where it stopped); the results
+to benchmarks/results/evidence-STUDY.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tuned import ROOT, provenance, write_results
+
+TIERS_16 = "cluster.speeds=[1,1,1,1,2,2,2,2,4,4,4,4,8,8,8,8]"
+LOGNORMAL_16 = ["cluster.workers=16", "cluster.profile=lognormal", "cluster.lognormal_sigma=1.0"]
+LM = {"config": "examples/stdlib_lm.toml", "sets": ["run.max_time_s=400", "run.max_iterations=10000",
+                                                   "backend.log_iterations=false"]}
+SCHEMES = "bsp,asp,ssp,gssp,localsgd,diloco"
+
+#: study name -> the config, its overrides and the schemes compared
+STUDIES: dict[str, dict[str, Any]] = {
+    "lm-tiers-iid": {**LM, "sets": LM["sets"] + [TIERS_16], "schemes": SCHEMES,
+                     "title": "byte transformer on the stdlib, 16 workers in four speed tiers (1x, 2x, 4x, 8x), IID"},
+    "lm-tiers-by_source": {**LM, "sets": LM["sets"] + [TIERS_16, "data.partition=by_source"], "schemes": SCHEMES,
+                           "title": "byte transformer on the stdlib, 16 tiered workers, non-IID (by_source)"},
+    "lm-lognormal-iid": {**LM, "sets": LM["sets"] + LOGNORMAL_16, "schemes": SCHEMES,
+                         "title": "byte transformer on the stdlib, 16 lognormal workers (sigma 1), IID"},
+    "lm-tiers-compression": {**LM, "sets": LM["sets"] + [TIERS_16], "schemes": "bsp,bsp+topk,bsp+powersgd,gssp+gdtopk",
+                             "title": "byte transformer on the stdlib, 16 tiered workers: compression"},
+}
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study", nargs="?", choices=sorted(STUDIES))
+    parser.add_argument("--list", action="store_true", help="list the studies")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds (>= 10 for a claim)")
+    parser.add_argument("--tune-seeds", type=int, default=2, help="development seeds")
+    parser.add_argument("--resume", action="store_true", help="keep the finished runs of an interrupted study")
+    args = parser.parse_args(argv)
+    if args.list or not args.study:
+        for name, study in STUDIES.items():
+            print(f"{name}: {study['title']} ({study['schemes']})")
+        return
+    run_study(args.study, args.seeds, args.tune_seeds, args.jobs, args.resume)
+
+
+def run_study(name: str, seeds: int, tune_seeds: int, jobs: int, resume: bool) -> dict[str, Any]:
+    from shoal.comparison import run_comparison
+
+    study = STUDIES[name]
+    out = ROOT / "runs" / "evidence" / name
+    result, _ = run_comparison(ROOT / study["config"], study["schemes"], seeds, list(study["sets"]), out,
+                               overwrite=False, quiet=False, tune=[], tune_seeds=tune_seeds, jobs=jobs, resume=resume)
+    record = {**provenance(), "study": name, "title": study["title"], "compare": strip(result)}
+    write_results(f"evidence-{name}", record, markdown(name, study, result))
+    return record
+
+
+def strip(result: dict[str, Any]) -> dict[str, Any]:
+    """compare.json without the per-worker detail: the results file keeps what a reader checks (every seed)."""
+    rows = [{k: v for k, v in row.items() if k not in ("per_worker", "groups")} for row in result["rows"]]
+    return {**result, "rows": rows}
+
+
+def markdown(name: str, study: dict[str, Any], result: dict[str, Any]) -> str:
+    prov = result["provenance"]
+    lines = [
+        f"# Evidence: {study['title']}", "",
+        f"`{result['command']}`", "",
+        f"Target: {result['metric']} {'<=' if result['metric'] != 'accuracy' else '>='} "
+        f"{result['target'] if result['target'] is not None else result['target_accuracy']}; "
+        f"tuned on development seeds {result['tuning_seeds']}, every number from evaluation seeds "
+        f"{result['eval_seeds'][0]}..{result['eval_seeds'][-1]} ({len(result['eval_seeds'])}). "
+        f"Code {str(prov.get('commit'))[:10]}{' (dirty)' if prov.get('dirty') else ''}; defaults frozen at "
+        f"{str(prov.get('defaults_commit'))[:10]}{' (uncommitted changes!)' if prov.get('defaults_dirty') else ''}; "
+        f"{prov.get('cpu')}.", "",
+        "| scheme | kept point | median time to target (s) | 95% interval | reached | p vs best baseline | "
+        "per-seed times (s) |",
+        "|---|---|---:|---|---:|---|---|",
+    ]
+    for row in result["rows"]:
+        iv = (row.get("time_to_target_interval") or {}).get("ci95")
+        per_seed = ", ".join("never" if s["time_to_target_s"] is None else f"{s['time_to_target_s']:g}"
+                             for s in row.get("seeds", []))
+        interval = "-" if not iv else f"{_t(iv[0])}..{_t(iv[1])}"
+        lines.append(
+            f"| {row['scheme']} | {_point(row.get('tuned'))} | {_t(row['time_to_target_s'])} | {interval} | "
+            f"{row.get('reached', 0)}/{len(row.get('seeds', []))} | {_p(row)} | {per_seed} |")
+    return "\n".join(lines) + "\n"
+
+
+def _p(row: dict[str, Any]) -> str:
+    if row["scheme"] == row.get("versus"):
+        return "(best baseline)"
+    return "-" if row.get("p_value") is None else f"{row['p_value']:.3g} vs {row['versus']}"
+
+
+def _point(point: dict[str, Any] | None) -> str:
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in (point or {}).items()) or "-"
+
+
+def _t(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.1f}"
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
