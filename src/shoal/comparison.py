@@ -427,24 +427,38 @@ def provenance() -> dict[str, Any]:
 DEFAULT_PATHS = ("src/shoal/config", "src/shoal/sync")
 
 
-def git_provenance() -> dict[str, Any]:
-    """The commit of the code that ran, and the commit at which the defaults were last changed (frozen).
+def defaults_digest() -> str:
+    """A hash of every default of the config and every scheme's own grid: two comparisons with the same digest ran
+    with the same defaults, whatever else changed in the code."""
+    import hashlib
+    import json
 
-    ``defaults_dirty`` is true when the defaults have uncommitted changes: such
-    a results file was not produced with frozen defaults. Empty outside a git
-    checkout of shoal (an installed wheel).
+    from shoal.registry import SCHEMES
+
+    grids = {name: [list(k) for k in e.item.grid] for name, e in SCHEMES.entries().items()}
+    text = json.dumps([Config().model_dump(mode="json"), grids], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def git_provenance() -> dict[str, Any]:
+    """The commit of the code that ran, the commit at which the defaults were last changed (frozen), and the
+    defaults' digest.
+
+    ``defaults_dirty`` is true when the defaults' files have uncommitted
+    changes: such a results file was not produced with frozen defaults. The
+    commits are left out outside a git checkout of shoal (an installed wheel).
     """
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
-        return {}
+        return {"defaults_digest": defaults_digest()}
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
         return done.stdout.strip() if done.returncode == 0 else ""
 
-    return {"commit": git("rev-parse", "HEAD") or None,
+    return {"defaults_digest": defaults_digest(), "commit": git("rev-parse", "HEAD") or None,
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "src")),
             "defaults_commit": git("log", "-1", "--format=%H", "--", *DEFAULT_PATHS) or None,
             "defaults_dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", *DEFAULT_PATHS))}

@@ -21,7 +21,7 @@ class RunConfig(Section):
     eval_every_s: float = Field(1.0, gt=0, description="Evaluate the model every this many (virtual) seconds.")
     eval_every_iterations: int = Field(0, ge=0, description="Evaluate every this many worker iterations (all workers together) instead of every eval_every_s; 0 = by time. Schemes whose times to target differ several-fold still get the same resolution in iterations, and evaluation costs the same for each.")
     stop_at_target: bool = Field(True, description="Stop as soon as target_accuracy is reached.")
-    target_patience: int = Field(3, ge=1, description="Evaluations in a row at or above target_accuracy that count as reaching it; the time reported is the first of them (3: one lucky evaluation on a 1,000-image test set, +-0.75 points of noise, cannot decide a row).")
+    target_patience: int = Field(3, ge=1, description="Evaluations in a row at or above target_accuracy that count as reaching it; the time reported is the first of them (3: one lucky evaluation on a 1,000-image test set, +-1.35 points of noise at 95% accuracy, cannot decide a row).")
     tensorboard: bool = Field(False, description="Also write TensorBoard scalars to OUT/tensorboard (accuracy, loss, bytes moved, per-group iterations per second; needs pip install 'shoal[tensorboard]').")
 
 

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shoal.errors import ConfigError
+
 
 class BasicBlock(nn.Module):
     """Two 3x3 convs with batch norm and an identity (or 1x1 projection) shortcut."""
@@ -58,6 +60,11 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(out, 1))
 
 
-def resnet18(input_shape: tuple[int, int, int], num_classes: int, *, hidden: list[int] | None = None) -> nn.Module:
-    """Registry entry; ``hidden`` belongs to the mlp and is ignored here."""
-    return ResNet18(input_shape[0], num_classes)
+def resnet18(input_shape: tuple[int, int, int], num_classes: int, *, hidden: list[int] | None = None,
+             width: int = 64) -> nn.Module:
+    """Registry entry; ``hidden`` belongs to the mlp and is ignored here. ``width`` (model.options) is the first
+    stage's width, doubled per stage: 64 is the standard ResNet-18 (11.2 M parameters, about 1.3 s per gradient of
+    32 CIFAR images on one CPU core); 16 keeps every layer, block and batch norm at 1/16 of the work (0.7 M)."""
+    if not isinstance(width, int) or width < 1:
+        raise ConfigError(f"model.options.width: a whole number >= 1, got {width!r}")
+    return ResNet18(input_shape[0], num_classes, tuple(width * 2**i for i in range(4)))
