@@ -43,7 +43,8 @@ BIN = Path(sys.executable).parent
 REGENERATE = "make docs (or: .venv/bin/python -m shoal.docgen --out docs/configuration.md)"
 #: the pages whose commands and keys this test keeps honest (written for users, not design notes)
 USER_PAGES = ["getting-started.md", "own-profile.md", "fair-comparison.md", "api.md", "schemes/bsp.md", "schemes/asp.md",
-              "schemes/ssp.md", "schemes/gssp.md", "schemes/localsgd.md", "schemes/diloco.md", "schemes/compression.md"]
+              "schemes/ssp.md", "schemes/gssp.md", "schemes/localsgd.md", "schemes/diloco.md", "schemes/compression.md",
+              "workloads.md"]
 
 
 # -- the generated reference ---------------------------------------------------------

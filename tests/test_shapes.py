@@ -1,0 +1,44 @@
+"""The BN image workload: the shapes stand-in (deterministic, balanced, shape-only labels) and ResNet-18's width."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from shoal.data import load_dataset
+from shoal.data.shapes import CLASSES, render, shapes
+from shoal.errors import ConfigError
+from shoal.models import build_model
+
+
+def test_the_same_seed_gives_the_same_images_and_another_seed_others():
+    a, b, c = shapes(3, 300), shapes(3, 300), shapes(4, 300)
+    assert np.array_equal(a.x, b.x) and np.array_equal(a.y, b.y)
+    assert not np.array_equal(a.x, c.x)
+    assert a.x.shape == (300, 3, 32, 32) and a.num_classes == len(CLASSES) == 10
+    assert np.bincount(a.y).tolist() == [30] * 10 and 0 <= a.x.min() and a.x.max() <= 255
+
+
+def test_the_class_is_in_the_shape_not_in_the_colours():
+    """Per class, the mean colour is the same as the data's: colour carries no label."""
+    raw = shapes(0, 4000)
+    means = np.array([raw.x[raw.y == k].mean(axis=(0, 2, 3)) for k in range(10)])
+    assert np.abs(means - raw.x.mean(axis=(0, 2, 3))).max() < 12  # of 255
+
+
+def test_each_class_draws_its_own_mask():
+    rng = np.random.default_rng(0)
+    images = render(np.arange(10), rng)
+    assert len({img.tobytes() for img in images}) == 10
+
+
+def test_shapes_loads_as_a_normalised_image_set_and_resnet18_takes_a_width():
+    ds = load_dataset("shapes", seed=0, test_fraction=0.2, synthetic_samples=500)
+    assert ds.input_shape == (3, 32, 32) and len(ds.y_test) == 100
+    assert abs(float(ds.x_train.mean())) < 0.05 and abs(float(ds.x_train.std()) - 1) < 0.05
+    narrow = build_model("resnet18", (3, 32, 32), 10, options={"width": 16})
+    assert 600_000 < sum(p.numel() for p in narrow.parameters()) < 800_000
+    assert narrow(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ConfigError, match="model.options.width"):
+        build_model("resnet18", (3, 32, 32), 10, options={"width": 0})
