@@ -40,8 +40,8 @@ STUDIES: dict[str, dict[str, Any]] = {
                            "title": "byte transformer on the stdlib, 16 tiered workers, non-IID (by_source)"},
     "lm-lognormal-iid": {**LM, "sets": LM["sets"] + LOGNORMAL_16, "schemes": SCHEMES,
                          "title": "byte transformer on the stdlib, 16 lognormal workers (sigma 1), IID"},
-    "lm-tiers-compression": {**LM, "sets": LM["sets"] + [TIERS_16], "schemes": "bsp,bsp+topk,bsp+powersgd,gssp+gdtopk",
-                             "title": "byte transformer on the stdlib, 16 tiered workers: compression"},
+    "lm-tiers-compression": {**LM, "sets": LM["sets"] + [TIERS_16], "schemes": "bsp,bsp+topk,bsp+powersgd,gssp+gdtopk,bsp+ina",
+                             "title": "byte transformer on the stdlib, 16 tiered workers: compression and in-network aggregation"},
 }
 
 
