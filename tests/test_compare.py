@@ -280,3 +280,15 @@ def test_parallel_jobs_give_the_same_rows_and_resume_runs_only_what_is_missing(t
     assert kept.stat().st_mtime_ns == before and seeds(tmp_path / "one") == seeds(tmp_path / "two")
     changed = CliRunner().invoke(app, [*args, "--resume", "--set", "optimizer.lr=0.05", "--out", str(tmp_path / "one")])
     assert changed.exit_code == 0 and kept.stat().st_mtime_ns != before  # another config: every run again
+
+
+def test_a_time_to_target_spanning_fewer_than_twenty_evaluations_is_warned_about():
+    from shoal.comparison import resolution_warnings
+    from shoal.config import load_config
+
+    rows = [{"scheme": "bsp", "time_to_target_s": 10.0, "iterations": 4000},
+            {"scheme": "asp", "time_to_target_s": 50.0, "iterations": 9000}, {"scheme": "ssp", "time_to_target_s": None}]
+    by_time = resolution_warnings(rows, load_config(None, ["run.eval_every_s=2"]))
+    assert len(by_time) == 1 and by_time[0].startswith("bsp: its time to target spans 5 evaluations (every 2 s)")
+    by_iterations = resolution_warnings(rows, load_config(None, ["run.eval_every_iterations=250"]))
+    assert [w.split(":")[0] for w in by_iterations] == ["bsp"]  # 4000 / 250 = 16 < 20; 9000 / 250 = 36

@@ -128,6 +128,8 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
     write_json_atomic(out / "compare.json", result)
     with console.status("drawing the plots and writing report.html") if not quiet else nullcontext():
         report = write_report(out)
+    for warning in result["warnings"] if not quiet else []:
+        console.print(f"[yellow]warning:[/] resolution: {warning}")
     return result, report
 
 
@@ -389,7 +391,29 @@ def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], proto
         "target_accuracy": first.run.target_accuracy,
         "max_time_s": first.run.max_time_s,
         "rows": add_significance(add_speedups(rows), {n for n, s in schemes.items() if s.baseline}),
+        "warnings": resolution_warnings(rows, first),
     }
+
+
+#: evaluations a time to target needs before it means something (docs/fair-comparison.md)
+MIN_EVALUATIONS = 20
+
+
+def resolution_warnings(rows: list[dict[str, Any]], cfg: Config) -> list[str]:
+    """Rows whose time to target spans fewer than MIN_EVALUATIONS evaluations: one evaluation tick is then a large
+    share of the quantity compared."""
+    warnings = []
+    every_it, every_s = cfg.run.eval_every_iterations, cfg.run.eval_every_s
+    for row in rows:
+        ttt = row.get("time_to_target_s")
+        if ttt is None:
+            continue
+        ticks = (row.get("iterations") or 0) / every_it if every_it else ttt / every_s
+        if ticks < MIN_EVALUATIONS:
+            unit = f"every {every_it} iterations" if every_it else f"every {every_s:g} s"
+            warnings.append(f"{row['scheme']}: its time to target spans {ticks:.0f} evaluations ({unit}), fewer than "
+                            f"{MIN_EVALUATIONS}; evaluate more often (run.eval_every_s or run.eval_every_iterations)")
+    return warnings
 
 
 @functools.cache

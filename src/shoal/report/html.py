@@ -197,7 +197,8 @@ def _table_section(out: Path, compare: dict[str, Any], rows: list[dict[str, Any]
             "seeds": compare.get("seeds", 1), "rows": [_table_row(r, run, best) for r, run in zip(rows, runs)],
             "split": _img(split, "share of worker time computing, communicating, waiting"), "seed_times": seeds,
             "versus": next((r["versus"] for r in rows if r.get("versus")), None),
-            "eval_seeds": compare.get("eval_seeds"), "tuning_seeds": compare.get("tuning_seeds")}
+            "eval_seeds": compare.get("eval_seeds"), "tuning_seeds": compare.get("tuning_seeds"),
+            "warnings": compare.get("warnings") or []}
 
 
 def _table_row(row: dict[str, Any], run: RunData, best: float | None) -> dict[str, Any]:
