@@ -48,7 +48,7 @@ STUDIES: dict[str, dict[str, Any]] = {
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("study", nargs="?", choices=sorted(STUDIES))
-    parser.add_argument("--list", action="store_true", help="list the studies")
+    parser.add_argument("--list", action="store_true", help="list the studies with how many of their runs are done")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds (>= 10 for a claim)")
     parser.add_argument("--tune-seeds", type=int, default=2, help="development seeds")
@@ -56,7 +56,8 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.list or not args.study:
         for name, study in STUDIES.items():
-            print(f"{name}: {study['title']} ({study['schemes']})")
+            done, planned = progress(name, args.seeds, args.tune_seeds)
+            print(f"{name}: {study['title']} ({study['schemes']}); {done} of {planned} runs done")
         return
     run_study(args.study, args.seeds, args.tune_seeds, args.jobs, args.resume)
 
@@ -71,6 +72,21 @@ def run_study(name: str, seeds: int, tune_seeds: int, jobs: int, resume: bool) -
     record = {**provenance(), "study": name, "title": study["title"], "compare": strip(result)}
     write_results(f"evidence-{name}", record, markdown(name, study, result))
     return record
+
+
+def progress(name: str, seeds: int, tune_seeds: int) -> tuple[int, int]:
+    """Finished runs of a study in runs/evidence/NAME (under the planned configs) and how many it plans."""
+    from shoal.comparison import Protocol, evaluation_runs, finished_summary, plan_runs
+    from shoal.report.schemes import parse_schemes
+
+    study, out = STUDIES[name], ROOT / "runs" / "evidence" / name
+    config, sets, schemes = ROOT / study["config"], list(study["sets"]), parse_schemes(study["schemes"])
+    protocol = Protocol(seeds, tune_seeds)
+    tuning = plan_runs(config, schemes, protocol, sets)
+    done = sum(finished_summary(out / run.run_dir, run.cfg) is not None for run in tuning)
+    evaluation = [run for s in schemes for run in evaluation_runs(config, s, protocol, sets, {})]
+    done += sum((out / run.run_dir / "summary.json").exists() for run in evaluation)
+    return done, len(tuning) + len(evaluation)
 
 
 def strip(result: dict[str, Any]) -> dict[str, Any]:
