@@ -121,7 +121,7 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
             plan = [run for s in parsed for run in evaluation_runs(config, s, protocol, overrides,
                                                                    chosen_point(tuning, s.name))]
             summaries = execute(plan, out, progress, jobs, resume)
-    result = build_compare(plan, summaries, protocol, command, tuning, base_seed)
+    result = build_compare(plan, summaries, protocol, command, tuning, base_seed, parsed)
     from shoal.engine.metrics import write_json_atomic
     from shoal.report.html import write_report
 
@@ -356,7 +356,8 @@ class RunsProgress:
 
 
 def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], protocol: Protocol, command: str,
-                  tuning: list[tuple[PlannedRun, dict[str, Any]]] = (), base_seed: int = 0) -> dict[str, Any]:
+                  tuning: list[tuple[PlannedRun, dict[str, Any]]] = (), base_seed: int = 0,
+                  parsed: list[Scheme] = ()) -> dict[str, Any]:
     """compare.json: what was compared and how, and one row per scheme (its evaluation seeds at its kept point) with
     the speed-up over BSP and the p-value against the best baseline."""
     names = list(dict.fromkeys(p.scheme for p in plan))
@@ -373,7 +374,7 @@ def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], proto
         if runs[0][0].pinned:
             row["pinned"] = dict(runs[0][0].pinned)
         rows.append(row)
-    schemes = {s.name: s for s in parse_schemes(",".join(names))} if names else {}
+    schemes = {s.name: s for s in parsed}
     first = plan[0].cfg
     return {
         "command": command,
@@ -384,7 +385,7 @@ def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], proto
         "tune_seeds": protocol.tune_seeds,
         "tuning_seeds": protocol.tuning_seeds(base_seed),
         "eval_seeds": protocol.eval_seeds(base_seed),
-        "grids": {n: protocol.scheme_grid(schemes[n]) for n in names} if protocol.tune_seeds else {},
+        "grids": {n: protocol.scheme_grid(schemes[n]) for n in names if n in schemes} if protocol.tune_seeds else {},
         "backend": first.backend.name,
         "metric": first.task.metric,
         "target": first.run.target,
