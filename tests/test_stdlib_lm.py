@@ -162,3 +162,17 @@ def test_the_example_config_trains_through_the_cli_and_its_loss_falls(tmp_path, 
     held = summary["data_partition"]["sources"]
     disjoint = sum(map(len, held)) == len(set().union(*map(set, held)))
     assert len(held) == 4 and disjoint == (partition == "by_source")
+
+
+def test_a_comparison_on_the_language_model_reports_bits_per_byte(tmp_path):
+    sets = [arg for s in LM_SMALL[:3] + ["run.max_iterations=64", "run.eval_every_iterations=16", "run.target=7.0"]
+            for arg in ("--set", s)]
+    done = subprocess.run([sys.executable, "-m", "shoal", "compare", "--config", str(ROOT / "examples/stdlib_lm.toml"),
+                           "--schemes", "bsp,asp", *sets, "--out", str(tmp_path / "cmp"), "-q"], capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert data["metric"] == "bits_per_byte" and data["target"] == 7.0
+    assert all(r["final_metric"] < 8 for r in data["rows"])
+    page = (tmp_path / "cmp" / "report.html").read_text()
+    assert "time to 7 bits per byte" in page and "final bits per byte" in page and "final accuracy" not in page

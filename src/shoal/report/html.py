@@ -42,10 +42,10 @@ def write_report(out: Path) -> Path:
     ) if part]
     for part in sections:
         part["nav"] = NAV[part["anchor"]]
-    target = compare.get("target_accuracy")
     page = template().render(
         title=_title(compare), setup=describe_setup(_config(out, rows), compare),
-        headline=headline(rows, target, compare.get("backend")), sections=sections, footer=_footer(compare, rows))
+        headline=headline(rows, goal_of(compare), compare.get("backend")), sections=sections,
+        footer=_footer(compare, rows))
     path = out / "report.html"
     path.write_text(page)
     return path
@@ -112,15 +112,31 @@ def _speeds_text(cluster: dict[str, Any]) -> str:
     return f"{profile} speeds"
 
 
-def headline(rows: list[dict[str, Any]], target: float | None, backend: str | None) -> str:
+def goal_of(compare: dict[str, Any]) -> tuple[str, float | None]:
+    """The comparison's metric and its target: accuracy and target_accuracy, or task.metric and run.target."""
+    metric = compare.get("metric") or "accuracy"
+    target = compare.get("target")
+    if target is None and metric == "accuracy":
+        target = compare.get("target_accuracy")
+    return metric, target
+
+
+def _goal_text(goal: tuple[str, float | None]) -> str:
+    metric, target = goal
+    if target is None:
+        return "the target"
+    return f"{target:.0%} test accuracy" if metric == "accuracy" else f"{target:g} {metric.replace('_', ' ')}"
+
+
+def headline(rows: list[dict[str, Any]], goal: tuple[str, float | None] | float | None, backend: str | None) -> str:
     """The one-sentence result: which scheme reached the target first, and how that compares to BSP."""
-    goal = f"{target:.0%} test accuracy" if target is not None else "the target"
+    goal = _goal_text(goal if isinstance(goal, tuple) else ("accuracy", goal))
     unit = "wall-clock" if backend == "ray" else "virtual"
     reached = [r for r in rows if r.get("time_to_target_s") is not None]
     if all(r.get("final_accuracy") is None for r in rows):
         return "No accuracy was measured (cost-only runs); the table compares iterations and bytes."
     if not reached:
-        return f"No scheme reached {goal} within the budget; the table compares final accuracies."
+        return f"No scheme reached {goal} within the budget; the table compares the final values."
     best = min(reached, key=lambda r: r["time_to_target_s"])
     text = f"{best['scheme']} reached {goal} first, after {fmt_seconds(best['time_to_target_s'])} of {unit} time"
     bsp = next((r for r in rows if r["scheme"] == "bsp"), None)
@@ -151,9 +167,10 @@ def _accuracy_section(out: Path, compare: dict[str, Any], rows: list[dict[str, A
         else:
             curves.append(plots.Curve(row["scheme"], run.evals, color, row.get("time_to_target_s"), style))
     section: Section = {"anchor": "accuracy", "seeds": compare.get("seeds", 1), "image": None}
+    metric, target = goal_of(compare)
     if any(c.points for c in curves):
-        path = plots.plot_accuracy(curves, compare.get("target_accuracy"), out / "accuracy.png", label)
-        section["image"] = _img(path, "test accuracy against time for every scheme")
+        path = plots.plot_accuracy(curves, target, out / "accuracy.png", label, metric)
+        section["image"] = _img(path, f"test {metric.replace('_', ' ')} against time for every scheme")
     return section
 
 
@@ -167,7 +184,7 @@ def _loss_bytes_section(out: Path, compare: dict[str, Any], rows: list[dict[str,
         by_bytes.append(plots.Curve(row["scheme"], run.accuracy_by_bytes, color, style=style))
     if not any(c.points for c in loss + by_bytes):
         return None
-    path = plots.plot_loss_and_bytes(loss, by_bytes, out / "loss_bytes.png", label)
+    path = plots.plot_loss_and_bytes(loss, by_bytes, out / "loss_bytes.png", label, goal_of(compare)[0])
     return {"anchor": "loss", "seeds": compare.get("seeds", 1),
             "image": _img(path, "test loss against time, and test accuracy against bytes moved, for every scheme")}
 
@@ -176,13 +193,14 @@ def _loss_bytes_section(out: Path, compare: dict[str, Any], rows: list[dict[str,
 
 
 def _table_section(out: Path, compare: dict[str, Any], rows: list[dict[str, Any]], runs: list[RunData]) -> Section:
-    target = compare.get("target_accuracy")
+    metric, target = goal_of(compare)
     exchange = any(r.get("bytes_exchange") for r in rows)
     tuned = bool(compare.get("tune_seeds") or compare.get("tune"))
+    name = metric.replace("_", " ")
     heads = ["scheme"] + (["tuned"] if tuned else []) + [
-        f"time to {target:.0%}" if target else "time to target", "speed-up vs BSP", "final accuracy",
-        "best accuracy", "upload", "download"] + (["group exchange"] if exchange else []) + \
-        ["iterations", "computing", "stopped"]
+        "time to target" if target is None else f"time to {target:.0%}" if metric == "accuracy" else
+        f"time to {target:g} {name}", "speed-up vs BSP", f"final {name}", f"best {name}", "upload", "download"] + \
+        (["group exchange"] if exchange else []) + ["iterations", "computing", "stopped"]
     best = min((r["time_to_target_s"] for r in rows if r.get("time_to_target_s") is not None), default=None)
     split = plots.plot_time_split([(r["scheme"], run.summary.get("per_worker") or []) for r, run in zip(rows, runs)],
                                   out / "time-split.png")
@@ -194,14 +212,15 @@ def _table_section(out: Path, compare: dict[str, Any], rows: list[dict[str, Any]
                                      time_label(compare.get("backend")))
         seeds = _img(path, "every seed's time to target per scheme")
     return {"anchor": "results", "heads": heads, "exchange": exchange, "tuned": tuned,
-            "seeds": compare.get("seeds", 1), "rows": [_table_row(r, run, best) for r, run in zip(rows, runs)],
+            "seeds": compare.get("seeds", 1),
+            "rows": [_table_row(r, run, best, metric) for r, run in zip(rows, runs)],
             "split": _img(split, "share of worker time computing, communicating, waiting"), "seed_times": seeds,
             "versus": next((r["versus"] for r in rows if r.get("versus")), None),
             "eval_seeds": compare.get("eval_seeds"), "tuning_seeds": compare.get("tuning_seeds"),
             "warnings": compare.get("warnings") or []}
 
 
-def _table_row(row: dict[str, Any], run: RunData, best: float | None) -> dict[str, Any]:
+def _table_row(row: dict[str, Any], run: RunData, best: float | None, metric: str = "accuracy") -> dict[str, Any]:
     """One scheme's cells, formatted."""
     ttt, seeds = row.get("time_to_target_s"), row.get("seeds")
     per_seed = None if not seeds else ", ".join(
@@ -214,13 +233,23 @@ def _table_row(row: dict[str, Any], run: RunData, best: float | None) -> dict[st
         "p": None if row.get("p_value") is None else f"p = {row['p_value']:.3g} vs {row['versus']}",
         "speedup": _speedup(row.get("speedup_vs_bsp")),
         "speedup_interval": _ratio_interval(row.get("speedup_vs_bsp_interval")),
-        "final": _acc(row.get("final_accuracy")), "final_interval": _range(row.get("final_accuracy_interval"), _acc),
-        "best_accuracy": _acc(row.get("best_accuracy")), "up": human_bytes(row.get("bytes_up")),
+        **_finals(row, metric), "up": human_bytes(row.get("bytes_up")),
         "down": human_bytes(row.get("bytes_down")), "exchange": human_bytes(row.get("bytes_exchange")),
         "iterations": _count(row.get("iterations")),
         "computing": _percent(compute_share(run.summary.get("per_worker") or [])),
         "stopped": str(run.summary.get("stop_reason", "")).replace("_", " "),
     }
+
+
+def _finals(row: dict[str, Any], metric: str) -> dict[str, str]:
+    """The final and best value cells: accuracy as a percentage, another metric as a number."""
+    if metric == "accuracy":
+        return {"final": _acc(row.get("final_accuracy")), "final_interval": _range(row.get("final_accuracy_interval"),
+                                                                                   _acc),
+                "best_accuracy": _acc(row.get("best_accuracy"))}
+    number = lambda v: "-" if v is None else f"{v:.4g}"  # noqa: E731
+    return {"final": number(row.get("final_metric")), "final_interval": "",
+            "best_accuracy": number(row.get("best_metric"))}
 
 
 def _range(iv: dict[str, Any] | None, fmt: Any) -> str:

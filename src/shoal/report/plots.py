@@ -82,8 +82,10 @@ class Curve:
     band: tuple[list[float], list[float]] | None = None  # min and max over seeds at each point's time
 
 
-def plot_accuracy(curves: Sequence[Curve], target: float | None, path: Path, time_label: str) -> Path:
-    """Accuracy against time for every scheme: the whole run, and a zoom on the region near the target."""
+def plot_accuracy(curves: Sequence[Curve], target: float | None, path: Path, time_label: str,
+                  metric: str = "accuracy") -> Path:
+    """The metric (test accuracy, or task.metric) against time for every scheme: the whole run, and a zoom on the
+    region near the target."""
     fig = Figure(figsize=(12, 4.6), layout="constrained")
     full, zoom = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     for ax in (full, zoom):
@@ -99,19 +101,30 @@ def plot_accuracy(curves: Sequence[Curve], target: float | None, path: Path, tim
             if c.time_to_target is not None and target is not None and not c.faint:
                 ax.plot([c.time_to_target], [target], "o", color=c.color, ms=7, mec="white", mew=1.5, zorder=5)
         if target is not None:
-            ax.axhline(target, color="#444", ls="--", lw=1, label=None if ax is zoom else f"target {target:.0%}")
+            ax.axhline(target, color="#444", ls="--", lw=1,
+                       label=None if ax is zoom else f"target {_metric_text(target, metric)}")
         ax.set_xlabel(time_label)
         ax.grid(alpha=0.3)
-    full.set_ylabel("test accuracy")
-    full.set_ylim(0, 1)
-    full.set_title("Test accuracy over time (dot: target reached)")
-    full.legend(loc="lower right", fontsize=9)
-    _zoom_near_target(zoom, curves, target)
+    accuracy = metric == "accuracy"
+    full.set_ylabel(f"test {metric.replace('_', ' ')}")
+    if accuracy:
+        full.set_ylim(0, 1)
+    full.set_title(f"Test {metric.replace('_', ' ')} over time (dot: target reached)")
+    full.legend(loc="lower right" if accuracy else "upper right", fontsize=9)
+    if accuracy:
+        _zoom_near_target(zoom, curves, target)
+    else:
+        _zoom_near_lower_target(zoom, curves, target)
     return save_figure(fig, path)
 
 
-def plot_loss_and_bytes(loss: Sequence[Curve], by_bytes: Sequence[Curve], path: Path, time_label: str) -> Path:
-    """Test loss against time, and test accuracy against the bytes every worker sent and received so far."""
+def _metric_text(value: float, metric: str) -> str:
+    return f"{value:.0%}" if metric == "accuracy" else f"{value:g}"
+
+
+def plot_loss_and_bytes(loss: Sequence[Curve], by_bytes: Sequence[Curve], path: Path, time_label: str,
+                        metric: str = "accuracy") -> Path:
+    """Test loss against time, and the metric against the bytes every worker sent and received so far."""
     fig = Figure(figsize=(12, 4.2), layout="constrained")
     left, right = fig.subplots(1, 2)
     for ax, curves in ((left, loss), (right, by_bytes)):
@@ -126,12 +139,13 @@ def plot_loss_and_bytes(loss: Sequence[Curve], by_bytes: Sequence[Curve], path: 
         left.set_yscale("log")
     left.set_title("Test loss over time")
     right.set_xlabel("data sent and received, all workers (bytes, log)")
-    right.set_ylabel("test accuracy")
+    right.set_ylabel(f"test {metric.replace('_', ' ')}")
     if any(x > 0 for c in by_bytes for x, _ in c.points):
         right.set_xscale("log")
         right.xaxis.set_major_formatter(lambda x, _: human_bytes(x))
-    right.set_ylim(0, 1)
-    right.set_title("Accuracy against data moved (left = cheaper)")
+    if metric == "accuracy":
+        right.set_ylim(0, 1)
+    right.set_title(f"{metric.replace('_', ' ').capitalize()} against data moved (left = cheaper)")
     (left if any(c.points for c in loss) else right).legend(loc="best", fontsize=9)
     return save_figure(fig, path)
 
@@ -166,6 +180,19 @@ def _zoom_near_target(ax: Any, curves: Sequence[Curve], target: float | None) ->
     top = max(accs)
     low = min(target, top) - 0.08 if target is not None else top - 0.1
     ax.set_ylim(max(0.0, low), min(1.0, max(top, target or 0) + 0.01))
+    ax.set_title("Zoom: near the target")
+
+
+def _zoom_near_lower_target(ax: Any, curves: Sequence[Curve], target: float | None) -> None:
+    """A metric where lower is better (loss, bits per byte): from the best value to a little above the target."""
+    ends = [c.points[-1][1] for c in curves if c.points]
+    if not ends:
+        return
+    values = [v for c in curves for _, v in c.points]
+    low = min(values) if target is None else min(min(values), target)
+    high = max(min(ends), target if target is not None else min(ends))  # where the curves end, and the target
+    span = max(high - low, 0.05 * max(abs(high), 1e-9))
+    ax.set_ylim(low - 0.1 * span, high + 0.5 * span)
     ax.set_title("Zoom: near the target")
 
 

@@ -24,9 +24,9 @@ class RunData:
     name: str
     path: Path
     summary: dict[str, Any]
-    evals: list[tuple[float, float]] = field(default_factory=list)  # (t, accuracy)
+    evals: list[tuple[float, float]] = field(default_factory=list)  # (t, the metric: accuracy or task.metric's value)
     losses: list[tuple[float, float]] = field(default_factory=list)  # (t, test loss)
-    accuracy_by_bytes: list[tuple[float, float]] = field(default_factory=list)  # (bytes sent and received so far, accuracy)
+    accuracy_by_bytes: list[tuple[float, float]] = field(default_factory=list)  # (bytes sent and received so far, metric)
     groups: list[dict[str, Any]] = field(default_factory=list)
     sim: list[dict[str, Any]] = field(default_factory=list)
     speeds: list[float] = field(default_factory=list)
@@ -63,10 +63,11 @@ def load_run(name: str, path: Path) -> RunData:
 def _take(run: RunData, event: dict[str, Any]) -> None:
     kind = event.get("event")
     if kind == "eval":
-        if event.get("accuracy") is not None:
-            run.evals.append((float(event["t"]), float(event["accuracy"])))
+        value = event.get("value", event.get("accuracy"))  # "value": task.metric where it is not accuracy
+        if value is not None and math.isfinite(float(value)):
+            run.evals.append((float(event["t"]), float(value)))
             if event.get("bytes") is not None:
-                run.accuracy_by_bytes.append((float(event["bytes"]), float(event["accuracy"])))
+                run.accuracy_by_bytes.append((float(event["bytes"]), float(value)))
         if event.get("loss") is not None and math.isfinite(float(event["loss"])):
             run.losses.append((float(event["t"]), float(event["loss"])))
     elif kind == "groups":
