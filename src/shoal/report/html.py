@@ -283,18 +283,22 @@ def _tuning_section(compare: dict[str, Any], rows: list[dict[str, Any]]) -> Sect
     """Every scheme's grid: median time to target and final accuracy per point, the kept one in bold."""
     if not compare.get("tune_seeds") and not compare.get("tune"):
         return None
-    table = [{"scheme": row["scheme"], "cells": [_tuning_cell(e, row) for e in row.get("tuning", [])]} for row in rows]
+    metric = goal_of(compare)[0]
+    table = [{"scheme": row["scheme"], "cells": [_tuning_cell(e, row, metric) for e in row.get("tuning", [])]}
+             for row in rows]
     grid = ", ".join(f"{k} in {v}" for k, v in (compare.get("tune") or {}).items()) or "no shared grid"
     return {"anchor": "tuning", "columns": max((len(r["cells"]) for r in table), default=0), "rows": table,
             "grid": grid, "seeds": ", ".join(map(str, compare.get("tuning_seeds") or []))}
 
 
-def _tuning_cell(entry: dict[str, Any] | None, row: dict[str, Any]) -> dict[str, Any] | None:
+def _tuning_cell(entry: dict[str, Any] | None, row: dict[str, Any], metric: str = "accuracy") -> dict[str, Any] | None:
     if entry is None:
         return None
     t = entry["median_time_to_target_s"]
     return {"point": _point(entry["point"]) or "pinned",
-            "text": ("not reached" if t is None else fmt_seconds(t)) + f" · {_acc(entry['median_final_accuracy'])}",
+            "text": ("not reached" if t is None else fmt_seconds(t)) + " · " + (
+                _acc(entry["median_final_accuracy"]) if metric == "accuracy" or entry.get("median_final_metric") is None
+                else f"{entry['median_final_metric']:.4g}"),
             "chosen": entry["point"] == (row.get("tuned") or {}), "reached": entry["reached"],
             "seeds": len(entry["time_to_target_s"])}
 

@@ -127,4 +127,5 @@ def tuning_entry(point: dict[str, Any], summaries: list[dict[str, Any]], run_dir
     finals = [s.get("final_accuracy") for s in summaries]
     return {"point": point, "time_to_target_s": times, "final_accuracy": finals, "final_score": final_scores(summaries),
             "median_time_to_target_s": median_time(times), "median_final_accuracy": median_or_none(finals),
+            "median_final_metric": median_or_none([s.get("final_metric") for s in summaries]),
             "reached": sum(t is not None for t in times), "run_dirs": run_dirs}
