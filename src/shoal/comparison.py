@@ -12,7 +12,7 @@ import functools
 import shlex
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from shoal.config import Config, load_config, toml_value
 from shoal.errors import ConfigError
 from shoal.report.rows import add_significance, add_speedups, seeds_row, single_row, tuning_entry
+from shoal.report.protocol import Protocol
 from shoal.report.schemes import Scheme, parse_schemes
 from shoal.report.tuning import choose, grid_points, parse_tune, point_label
 
@@ -44,54 +45,6 @@ class PlannedRun:
     point: tuple[tuple[str, Any], ...] = ()  # the grid point this run belongs to
     pinned: tuple[tuple[str, str], ...] = ()  # values the scheme spec pins after "@"
     tuning: bool = False  # a development seed of the tuning phase (else an evaluation seed)
-
-
-@dataclass(frozen=True)
-class Protocol:
-    """Which seeds tune and which evaluate, and what is tuned (docs/fair-comparison.md).
-
-    With ``tune_seeds`` K > 0 every scheme tries every point of its grid (the
-    shared ``--tune`` grid times its own knobs' grid) on the K development
-    seeds ``run.seed .. run.seed + K - 1``; the point it keeps then runs on the
-    ``seeds`` evaluation seeds that follow, which nothing was chosen on.
-    """
-
-    seeds: int = 1
-    tune_seeds: int = 0
-    grid: dict[str, list[Any]] = field(default_factory=dict)
-    own_knobs: bool = True
-
-    def check(self, schemes: list[Scheme]) -> None:
-        if self.seeds < 1:
-            raise ConfigError(f"--seeds {self.seeds}: must be at least 1")
-        if self.tune_seeds < 0:
-            raise ConfigError(f"--tune-seeds {self.tune_seeds}: must be at least 0")
-        if self.grid and not self.tune_seeds:
-            raise ConfigError("--tune needs --tune-seeds K: values are chosen on K development seeds, then the "
-                              "chosen ones run on the --seeds evaluation seeds that follow them")
-        if self.tune_seeds and not any(self.scheme_grid(s) for s in schemes):
-            raise ConfigError(f"--tune-seeds {self.tune_seeds}: nothing to tune (no --tune, and no scheme "
-                              "with knobs of its own" + ("" if self.own_knobs else " under --no-own-knobs") + ")")
-
-    def scheme_grid(self, scheme: Scheme) -> dict[str, list[Any]]:
-        """Every key the scheme tunes: the shared grid, then its own knobs (a key in both is tuned once), less the
-        keys the scheme pins."""
-        if not self.tune_seeds:
-            return {}
-        own = scheme.own_grid() if self.own_knobs else {}
-        pinned = {k for k, _ in scheme.pinned}
-        tuned = {**self.grid, **{k: v for k, v in own.items() if k not in self.grid}}
-        return {k: v for k, v in tuned.items() if k not in pinned}
-
-    def tuning_seeds(self, base: int) -> list[int]:
-        return list(range(base, base + self.tune_seeds))
-
-    def eval_seeds(self, base: int) -> list[int]:
-        return list(range(base + self.tune_seeds, base + self.tune_seeds + self.seeds))
-
-    def eval_dir(self, scheme: str, k: int) -> str:
-        """The folder of evaluation seed ``run.seed + k``."""
-        return scheme if self.seeds == 1 and not self.tune_seeds else f"{scheme}/seed-{k}"
 
 
 def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: list[str], out: Path, overwrite: bool,
