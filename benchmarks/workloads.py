@@ -8,7 +8,7 @@
    CIFAR-style ResNet-18 (width 16, batch norm) trained on one worker, with
    the iterations each needs to reach 60% and 80% test accuracy.
 
-Usage: .venv/bin/python benchmarks/workloads.py [lm|shapes ...]
+Usage: .venv/bin/python benchmarks/workloads.py [lm|shapes ...] (none: both; --render: rewrite the markdown from the JSON)
 Writes benchmarks/results/workloads.{json,md} and workloads-{lm,shapes}.png (the parts measured before are kept).
 """
 
@@ -131,7 +131,7 @@ def markdown(results: dict[str, Any]) -> str:
         lm = results["lm"]
         lines += ["## stdlib byte transformer (examples/stdlib_lm.toml: 16 workers, BSP, sim)", "",
                   f"{lm['params']:,} parameters; target {lm['target']} bits per byte reached at "
-                  f"{lm['time_to_target_s']} virtual s after {lm['iterations']:,} worker iterations "
+                  f"{lm['time_to_target_s']:.1f} virtual s; the run stopped after {lm['iterations']:,} worker iterations "
                   f"({lm['stop_reason']}); wall {lm['wall_s']:.0f} s; final {lm['final_bits_per_byte']:.3f} bits per "
                   "byte.", "", "![curve](workloads-lm.png)", ""]
     if "shapes" in results:
@@ -153,6 +153,9 @@ def markdown(results: dict[str, Any]) -> str:
 def main(parts: list[str]) -> None:
     path = RESULTS / "workloads.json"
     results = json.loads(path.read_text()) if path.exists() else {}
+    if parts == ["--render"]:
+        (RESULTS / "workloads.md").write_text(markdown(results))
+        return
     for part in parts or ["lm", "shapes"]:
         results[part] = {"lm": measure_lm, "shapes": measure_shapes}[part]()
     results["provenance"] = provenance()
