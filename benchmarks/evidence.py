@@ -12,6 +12,7 @@ last changed.
 Usage:
     .venv/bin/python benchmarks/evidence.py STUDY [--jobs 2] [--seeds 10] [--tune-seeds 2] [--resume]
     .venv/bin/python benchmarks/evidence.py --list
+    .venv/bin/python benchmarks/evidence.py --headline   (the table over every finished study, for the README)
 
 The runs go to runs/evidence/STUDY (``--resume`` keeps its finished runs, so a
 study cut off by the end of a session goes on where it stopped); the results
@@ -21,10 +22,11 @@ to benchmarks/results/evidence-STUDY.{json,md}.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
-from tuned import ROOT, provenance, write_results
+from tuned import RESULTS, ROOT, provenance, write_results
 
 TIERS_16 = "cluster.speeds=[1,1,1,1,2,2,2,2,4,4,4,4,8,8,8,8]"
 LOGNORMAL_16 = ["cluster.workers=16", "cluster.profile=lognormal", "cluster.lognormal_sigma=1.0"]
@@ -53,7 +55,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds (>= 10 for a claim)")
     parser.add_argument("--tune-seeds", type=int, default=2, help="development seeds")
     parser.add_argument("--resume", action="store_true", help="keep the finished runs of an interrupted study")
+    parser.add_argument("--headline", action="store_true",
+                        help="write benchmarks/results/evidence-headline.md from every study's results file")
     args = parser.parse_args(argv)
+    if args.headline:
+        records = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("evidence-*.json"))]
+        write_results("evidence-headline", {**provenance(), "studies": [r["study"] for r in records]},
+                      headline(records))
+        return
     if args.list or not args.study:
         for name, study in STUDIES.items():
             done, planned = progress(name, args.seeds, args.tune_seeds)
@@ -87,6 +96,42 @@ def progress(name: str, seeds: int, tune_seeds: int) -> tuple[int, int]:
     evaluation = [run for s in schemes for run in evaluation_runs(config, s, protocol, sets, {})]
     done += sum((out / run.run_dir / "summary.json").exists() for run in evaluation)
     return done, len(tuning) + len(evaluation)
+
+
+ALPHA = 0.05  # a difference counts when its p-value is under this
+
+
+def verdict(row: dict[str, Any], best: dict[str, Any] | None) -> str:
+    """wins, loses or ties against the best baseline: the median decides the direction, the p-value whether it
+    counts."""
+    if best is None or row is best:
+        return "best baseline" if row is best else "-"
+    p, mine, theirs = row.get("p_value"), row.get("time_to_target_s"), best.get("time_to_target_s")
+    if p is None or p >= ALPHA:
+        return "ties"
+    if mine is None:
+        return "loses"
+    return "wins" if theirs is None or mine < theirs else "loses"
+
+
+def headline(records: list[dict[str, Any]]) -> str:
+    """One table over every study: each row's median time to target, interval, reached share, p and verdict."""
+    lines = ["# Evidence: where each mechanism wins, ties or loses", "",
+             f"Against the best baseline of its study (two-sided Mann-Whitney U, p < {ALPHA}); every number from "
+             "evaluation seeds nobody tuned on (docs/fair-comparison.md).", "",
+             "| study | scheme | median time to target (s) | 95% interval | reached | p | verdict |",
+             "|---|---|---:|---|---:|---:|---|"]
+    for record in records:
+        rows = record["compare"]["rows"]
+        best = next((r for r in rows if r["scheme"] == r.get("versus")), None)
+        for row in rows:
+            iv = (row.get("time_to_target_interval") or {}).get("ci95")
+            p = row.get("p_value")
+            lines.append(f"| {record['study']} | {row['scheme']} | {_t(row['time_to_target_s'])} | "
+                         f"{'-' if not iv else f'{_t(iv[0])}..{_t(iv[1])}'} | "
+                         f"{row.get('reached', 0)}/{len(row.get('seeds', []))} | {'-' if p is None else f'{p:.3g}'} | "
+                         f"{verdict(row, best)} |")
+    return "\n".join(lines) + "\n"
 
 
 def strip(result: dict[str, Any]) -> dict[str, Any]:
