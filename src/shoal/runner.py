@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from shoal.config import Config, to_toml
@@ -106,6 +107,36 @@ def _tensorboard(cfg: Config, out: Path, recorder: RunRecorder) -> Any:
     return recorder.listener
 
 
+def straggler_summary(metrics: Path, workers: int) -> dict[str, Any]:
+    """Who held back whom in the run's iteration events (shoal.engine.stragglers), read back from metrics.jsonl.
+
+    A resumed run's file also holds the iterations simulated after its
+    checkpoint before the cut; the resume simulated them again, so an
+    iteration later than a following resume's time is left out.
+    """
+    import bisect
+    import itertools
+    import json
+
+    from shoal.engine.stragglers import analyse
+
+    with open(metrics) as lines:
+        resumes = [(i, json.loads(line)["t"]) for i, line in enumerate(lines) if line.startswith('{"event": "resume"')]
+    positions = [i for i, _ in resumes]
+    later = list(itertools.accumulate(reversed([t for _, t in resumes]), min))[::-1]  # earliest of resumes k..
+
+    def kept() -> Iterator[dict[str, Any]]:
+        with open(metrics) as lines:
+            for i, line in enumerate(lines):
+                if line.startswith('{"event": "iteration"'):
+                    event = json.loads(line)
+                    k = bisect.bisect_right(positions, i)  # the first resume after this line
+                    if k == len(positions) or event["t"] <= later[k]:
+                        yield event
+
+    return analyse(kept(), workers).to_dict("virtual s")
+
+
 def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = None,
           resume: Path | None = None) -> dict[str, Any]:
     """Run one training and write config.toml, metrics.jsonl and summary.json into ``out``.
@@ -145,6 +176,8 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
         summary["data_partition"] = setup.partition_summary()
     if setup.compute_s_measured is not None:
         summary["compute_s_measured"] = setup.compute_s_measured
+    exact_times = cfg.backend.name == "sim" and cfg.backend.log_iterations  # ray's wall times match no delivery
+    summary["stragglers"] = straggler_summary(out / "metrics.jsonl", cfg.cluster.workers) if exact_times else None
     from shoal.engine.export import save_model
 
     summary["model_file"] = "model.safetensors" if save_model(setup, out) else None

@@ -65,5 +65,7 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
         f"final {metric} {fmt(final)} (best {fmt(best)}), {reached}; {summary['iterations']} iterations in "
         f"{summary['elapsed_s']:.2f}s ({summary['backend']} time), wall {summary['wall_s']:.1f}s"
     )
+    if summary.get("stragglers"):
+        out_console.print(f"stragglers: {summary['stragglers']['verdict']}")
     model = ", model.safetensors" if summary.get("model_file") else ""
     out_console.print(f"wrote {out}/summary.json, metrics.jsonl, config.toml{model}")
