@@ -53,3 +53,12 @@ def test_asynchronous_workers_never_wait(tmp_path):
     result = CliRunner().invoke(app, ["train", *args, "--out", str(tmp_path / "run")])
     stragglers = json.loads((tmp_path / "run" / "summary.json").read_text())["stragglers"]
     assert result.exit_code == 0 and stragglers["culprit"] is None and sum(stragglers["waited_s"]) == 0
+
+
+def test_the_comparison_report_says_who_held_back_whom(tmp_path):
+    args = [a for s in FAST + ["cluster.speeds=[1, 1, 1, 4]", "run.max_time_s=1"] for a in ("--set", s)]
+    result = CliRunner().invoke(app, ["compare", *args, "--schemes", "bsp,asp", "--out", str(tmp_path / "cmp"), "-q"])
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "cmp" / "report.html").read_text()
+    assert "Who held back whom" in page and "<b>bsp</b>: worker 3 held the others back" in page
+    assert "<b>asp</b>: no worker held the others back" in page

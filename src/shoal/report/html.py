@@ -330,7 +330,9 @@ def _count(value: float | None) -> str:
 def _timeline_section(out: Path, runs: list[RunData], label: str) -> Section:
     logged = [r for r in runs if r.has_iterations]
     section: Section = {"anchor": "timeline", "images": [], "missing": [r.name for r in runs if not r.has_iterations],
-                        "window": None, "around_split": False}
+                        "window": None, "around_split": False,
+                        "verdicts": [(r.name, r.summary["stragglers"]["verdict"]) for r in runs
+                                     if (r.summary.get("stragglers") or {}).get("verdict")]}
     if logged:
         window = timeline_window(logged)
         section |= {"window": window, "around_split": any(r.split_t is not None for r in logged)}
