@@ -125,18 +125,17 @@ def plot(results: dict[str, Any]) -> None:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    lines = ["# Workloads, measured", "", f"`{results['provenance']['command']}` at "
-             f"{results['provenance']['git_commit'][:10]} on {results['provenance']['cpu']}", ""]
+    lines = ["# Workloads, measured", ""]
     if "lm" in results:
         lm = results["lm"]
-        lines += ["## stdlib byte transformer (examples/stdlib_lm.toml: 16 workers, BSP, sim)", "",
+        lines += ["## stdlib byte transformer (examples/stdlib_lm.toml: 16 workers, BSP, sim)", "", _made_by(lm), "",
                   f"{lm['params']:,} parameters; target {lm['target']} bits per byte reached at "
                   f"{lm['time_to_target_s']:.1f} virtual s; the run stopped after {lm['iterations']:,} worker iterations "
                   f"({lm['stop_reason']}); wall {lm['wall_s']:.0f} s; final {lm['final_bits_per_byte']:.3f} bits per "
                   "byte.", "", "![curve](workloads-lm.png)", ""]
     if "shapes" in results:
         sh = results["shapes"]
-        lines += ["## shapes (the BN image stand-in)", "",
+        lines += ["## shapes (the BN image stand-in)", "", _made_by(sh), "",
                   f"{sh['train']:,} training and {sh['test']:,} test images.", "",
                   "| model | test accuracy | steps to 60% | steps to 80% | ms per step |", "|---|---:|---:|---:|---:|",
                   f"| linear probe (logistic regression on pixels) | {sh['linear_probe']['test_accuracy']:.3f} "
@@ -150,6 +149,12 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _made_by(part: dict[str, Any]) -> str:
+    made = part.get("provenance") or {}
+    dirty = " (uncommitted changes)" if made.get("dirty_tree") else ""
+    return f"`{made.get('command', '?')}` at {str(made.get('git_commit', '?'))[:10]}{dirty} on {made.get('cpu', '?')}"
+
+
 def main(parts: list[str]) -> None:
     path = RESULTS / "workloads.json"
     results = json.loads(path.read_text()) if path.exists() else {}
@@ -157,7 +162,8 @@ def main(parts: list[str]) -> None:
         (RESULTS / "workloads.md").write_text(markdown(results))
         return
     for part in parts or ["lm", "shapes"]:
-        results[part] = {"lm": measure_lm, "shapes": measure_shapes}[part]()
+        made_by = provenance()  # each part records the commit and command that measured it
+        results[part] = {**{"lm": measure_lm, "shapes": measure_shapes}[part](), "provenance": made_by}
     results["provenance"] = provenance()
     plot(results)
     write_results("workloads", results, markdown(results))
