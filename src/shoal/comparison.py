@@ -9,6 +9,7 @@ runs before it.
 from __future__ import annotations
 
 import functools
+import json
 import shlex
 import time
 from contextlib import nullcontext
@@ -19,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from shoal.config import Config, load_config, toml_value
+from shoal.config import Config, load_config, to_toml, toml_value
 from shoal.errors import ConfigError
 from shoal.report.rows import add_significance, add_speedups, seeds_row, single_row, tuning_entry
 from shoal.report.protocol import Protocol
@@ -54,8 +55,8 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
     report.html."""
     protocol = Protocol(seeds, tune_seeds, parse_tune(tune), own_knobs)
     parsed = parse_schemes(schemes)
-    plan = plan_runs(config, parsed, protocol, overrides)
     base_seed = load_config(config, overrides).run.seed
+    plan = plan_runs(config, parsed, protocol, overrides, base_seed)
     eval_dirs = [protocol.eval_dir(s.name, k - base_seed) for s in parsed for k in protocol.eval_seeds(base_seed)]
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs}: must be at least 1")
@@ -72,7 +73,7 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
         if protocol.tune_seeds:
             tuning = list(zip(plan, summaries))
             plan = [run for s in parsed for run in evaluation_runs(config, s, protocol, overrides,
-                                                                   chosen_point(tuning, s.name))]
+                                                                   chosen_point(tuning, s.name), base_seed)]
             summaries = execute(plan, out, progress, jobs, resume)
     result = build_compare(plan, summaries, protocol, command, tuning, base_seed, parsed)
     from shoal.engine.metrics import write_json_atomic
@@ -86,13 +87,13 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
     return result, report
 
 
-def plan_runs(config: Path | None, schemes: list[Scheme], protocol: Protocol | int, overrides: list[str]
-              ) -> list[PlannedRun]:
+def plan_runs(config: Path | None, schemes: list[Scheme], protocol: Protocol | int, overrides: list[str],
+              base_seed: int | None = None) -> list[PlannedRun]:
     """Validate every run of the first phase up front: each (scheme, grid point, development seed) when tuning,
     else each (scheme, evaluation seed). The scheme's keys win over the grid and --set."""
     protocol = protocol if isinstance(protocol, Protocol) else Protocol(seeds=protocol)
     protocol.check(schemes)
-    base_seed = load_config(config, overrides).run.seed
+    base_seed = load_config(config, overrides).run.seed if base_seed is None else base_seed
     plan = []
     for scheme in schemes:
         grid = protocol.scheme_grid(scheme)
@@ -237,10 +238,6 @@ def _train_quietly(cfg: Config, run_dir: Path) -> dict[str, Any]:
 
 def finished_summary(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
     """The summary of a finished run in ``run_dir`` made with exactly ``cfg`` (None: it must run again)."""
-    import json
-
-    from shoal.config import to_toml
-
     try:
         if (run_dir / "config.toml").read_text() != to_toml(cfg):
             return None
@@ -409,7 +406,6 @@ def defaults_digest() -> str:
     """A hash of every default of the config and every scheme's own grid: two comparisons with the same digest ran
     with the same defaults, whatever else changed in the code."""
     import hashlib
-    import json
 
     from shoal.registry import SCHEMES
 

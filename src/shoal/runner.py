@@ -107,7 +107,7 @@ def _tensorboard(cfg: Config, out: Path, recorder: RunRecorder) -> Any:
     return recorder.listener
 
 
-def straggler_summary(metrics: Path, workers: int) -> dict[str, Any]:
+def straggler_summary(metrics: Path, workers: int, resumed: bool = False) -> dict[str, Any]:
     """Who held back whom in the run's iteration events (shoal.engine.stragglers), read back from metrics.jsonl.
 
     A resumed run's file also holds the iterations simulated after its
@@ -120,8 +120,11 @@ def straggler_summary(metrics: Path, workers: int) -> dict[str, Any]:
 
     from shoal.engine.stragglers import analyse
 
-    with open(metrics) as lines:
-        resumes = [(i, json.loads(line)["t"]) for i, line in enumerate(lines) if line.startswith('{"event": "resume"')]
+    resumes = []
+    if resumed:  # only a resumed run's file holds resume marks: any other is read once
+        with open(metrics) as lines:
+            resumes = [(i, json.loads(line)["t"]) for i, line in enumerate(lines)
+                       if line.startswith('{"event": "resume"')]
     positions = [i for i, _ in resumes]
     later = list(itertools.accumulate(reversed([t for _, t in resumes]), min))[::-1]  # earliest of resumes k..
 
@@ -177,7 +180,8 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
     if setup.compute_s_measured is not None:
         summary["compute_s_measured"] = setup.compute_s_measured
     exact_times = cfg.backend.name == "sim" and cfg.backend.log_iterations  # ray's wall times match no delivery
-    summary["stragglers"] = straggler_summary(out / "metrics.jsonl", cfg.cluster.workers) if exact_times else None
+    summary["stragglers"] = (straggler_summary(out / "metrics.jsonl", cfg.cluster.workers, resume is not None)
+                             if exact_times else None)
     from shoal.engine.export import save_model
 
     summary["model_file"] = "model.safetensors" if save_model(setup, out) else None
