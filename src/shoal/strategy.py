@@ -24,6 +24,7 @@ from shoal.compress.similarity import SimilaritySchedule
 from shoal.config import Config, OptimizerConfig
 from shoal.engine.gradients import TensorSlot
 from shoal.registry import COMPRESSORS, SCHEMES
+from shoal.sync.balance import BatchBalancer
 from shoal.sync.base import SchemeSpec, SyncPolicy, build_policy
 from shoal.sync.gssp import GSSP
 from shoal.sync.localsgd import PeriodicSchedule
@@ -61,6 +62,12 @@ class Strategy:
     def policy(self, workers: Iterable[int]) -> SyncPolicy:
         """The policy of the one server of an ungrouped scheme, over ``workers``."""
         return build_policy(self.cfg.sync.scheme, workers, self.cfg.sync)
+
+    def balancer(self, workers: int) -> BatchBalancer | None:
+        """A fresh batch-size balancer (``sync.balance = "batch"``), or None when every worker uses data.batch_size."""
+        if self.cfg.sync.balance != "batch":
+            return None
+        return BatchBalancer.from_config(workers, self.cfg.data.batch_size, self.cfg.balance)
 
     # -- models and the server's step ----------------------------------------------
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import model_validator
 
 from shoal.config.base import Section
-from shoal.config.sections import (BackendConfig, ClusterConfig, CompressionConfig, DataConfig, ModelConfig,
+from shoal.config.sections import (BackendConfig, BalanceConfig, ClusterConfig, CompressionConfig, DataConfig, ModelConfig,
                                    NetworkConfig, OptimizerConfig, RunConfig, TaskConfig)
 from shoal.config.sync import SyncConfig
 from shoal.registry import COMPRESSORS, SCHEMES
@@ -19,6 +21,7 @@ class Config(Section):
     optimizer: OptimizerConfig = OptimizerConfig()
     cluster: ClusterConfig = ClusterConfig()
     sync: SyncConfig = SyncConfig()
+    balance: BalanceConfig = BalanceConfig()
     compression: CompressionConfig = CompressionConfig()
     network: NetworkConfig = NetworkConfig()
     backend: BackendConfig = BackendConfig()
@@ -60,6 +63,7 @@ class Config(Section):
         - `sync.intra_group = "allreduce"` needs a synchronous scheme (bsp, gssp), dense gradients (`compression.method = "none"`, no SIM) and `network.aggregation = "server"`
         - `network.aggregation = "ina"` needs one synchronous round (`sync.scheme = "bsp"`) and dense gradients; `network.worker_hosts`, when given, names one host per worker
         - `cluster.membership` needs the server path: no all-reduce groups, no in-network aggregation
+        - `sync.balance` needs a scheme that supports the mode, `data.batch_size` within [`balance.min_batch`, `balance.max_batch`], and the server path or all-reduce groups of a fixed membership (no in-network aggregation, no `cluster.membership`, no `backend.sim_checkpoint_every_s`)
         - `backend.sim_checkpoint_every_s` needs rounds that every worker ends by waiting: sync.scheme = "bsp" on the server path, without SIM, in-network aggregation, membership or speed changes
         """
         if self.task.higher_is_better is None and self.task.metric.startswith("python:"):
@@ -92,6 +96,8 @@ class Config(Section):
             raise ValueError("cluster.membership: workers join and leave the server path; all-reduce groups and "
                              "in-network aggregation plans are fixed at the start (use intra_group = \"server\", "
                              "network.aggregation = \"none\")")
+        if self.sync.balance != "none":
+            self._check_balance(scheme)
         if self.backend.sim_checkpoint_every_s > 0:
             plain_rounds = (scheme.ina and self.sync.intra_group == "server" and not self.compression.similarity.enabled
                             and self.network.aggregation == "server" and not self.cluster.membership
@@ -102,3 +108,18 @@ class Config(Section):
                                  "the server path in train mode, without SIM, in-network aggregation, membership or "
                                  "speed changes")
         return self
+
+    def _check_balance(self, scheme: Any) -> None:
+        """`sync.balance`: a scheme that supports the mode, a batch size within the bounds, a fixed membership."""
+        mode = self.sync.balance
+        if mode not in scheme.balance:
+            able = ", ".join(name for name, e in SCHEMES.entries().items() if mode in e.item.balance)
+            raise ValueError(f"sync.balance: {mode!r} sizes the work of synchronous rounds ({able}), not of {self.sync.scheme}")
+        low, high = self.balance.min_batch, self.balance.max_batch
+        if not low <= self.data.batch_size <= (high or self.data.batch_size):
+            raise ValueError(f"balance: data.batch_size = {self.data.batch_size} must lie within min_batch = {low} "
+                             f"and max_batch = {high}")
+        if self.cluster.membership or self.network.aggregation == "ina" or self.backend.sim_checkpoint_every_s:
+            raise ValueError("sync.balance: sizes are planned over a fixed set of workers on the server path or "
+                             "all-reduce groups; not with cluster.membership, network.aggregation = \"ina\" or "
+                             "backend.sim_checkpoint_every_s")

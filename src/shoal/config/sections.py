@@ -1,5 +1,5 @@
-"""The sections of a run's config other than [sync]: run, model, data, task, optimizer, cluster, compression,
-network, backend."""
+"""The sections of a run's config other than [sync]: run, model, data, task, optimizer, cluster, balance,
+compression, network, backend."""
 
 from __future__ import annotations
 
@@ -186,6 +186,16 @@ class ClusterConfig(Section):
     def joiner_speeds(self) -> list[float]:
         """The speed of each joining worker, in id order."""
         return [speed for c in self.schedule() for speed in (c.speeds or [1.0] * c.add)]
+
+
+class BalanceConfig(Section):
+    """``[balance]``: how ``sync.balance`` sizes each worker's work to its speed."""
+
+    min_batch: int = Field(1, ge=1, description="sync.balance = \"batch\": the smallest batch a worker is given.")
+    max_batch: int | None = Field(None, ge=1, description="sync.balance = \"batch\": the largest batch a worker is given (its memory limit); none = no limit.")
+    tolerance: float = Field(0.05, ge=0, lt=1, description="Resize only when the predicted round gets at least this share faster (hysteresis: profile noise does not resize).")
+    profile_iterations: int = Field(3, ge=1, description="Iterations each worker is measured at the configured batch before the first resize.")
+    profile_window: int = Field(20, ge=1, description="A worker's speed is the 20th percentile of its last this many seconds-per-sample: a slow spell shorter than four fifths of the window does not resize, a sustained change does.")
 
 
 class GDTopKConfig(Section):

@@ -166,10 +166,16 @@ class BatchStream:
         rng = np.random.default_rng([self.seed % 2**64, _STREAM_PURPOSE, self.worker, self.epoch])
         return torch.from_numpy(rng.permutation(self.shard))
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next (x, y) batch; starts a new, reshuffled epoch once this one runs out."""
-        idx = self._order[self._pos : self._pos + self.batch_size]
-        self._pos += self.batch_size
+    def next(self, size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next (x, y) batch of ``size`` samples (default ``batch_size``; at most the shard); starts a new,
+        reshuffled epoch once this one runs out (sync.balance gives each worker its own size)."""
+        size = self.batch_size if size is None else min(size, len(self.shard))
+        if self._pos + size > len(self._order):
+            self.epoch += 1
+            self._order = self._shuffle()
+            self._pos = 0
+        idx = self._order[self._pos : self._pos + size]
+        self._pos += size
         if self._pos + self.batch_size > len(self._order):
             self.epoch += 1
             self._order = self._shuffle()

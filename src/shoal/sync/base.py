@@ -168,6 +168,8 @@ class SchemeSpec:
     grid: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     #: an established method: the p-values of a comparison are against the best of these
     baseline: bool = True
+    #: the ``sync.balance`` modes it supports (work sized to speed: ``sync/balance.py``)
+    balance: tuple[str, ...] = ()
 
     @property
     def local_models(self) -> bool:

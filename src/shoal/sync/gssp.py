@@ -410,6 +410,6 @@ class GSSP:
 
 
 register_scheme(SchemeSpec("gssp", coordinator=lambda workers, sync: GSSP(workers, sync.gssp, sync.intra_group),
-                           allreduce=True, color="#d62728", baseline=False,
+                           allreduce=True, color="#d62728", baseline=False, balance=("batch",),
                            grid=(("sync.gssp.group_threshold", (0.85, 0.95, 0.99)),)),
                 "grouped SSP: workers of similar speed form groups (SSP inside, asynchronous deltas between)")

@@ -64,6 +64,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
         self.stats = [WorkerStats(id=w, group=0, speed=self.speeds[w]) for w in range(n)]
         self.departed: set[int] = set()  # workers that left (cluster.membership)
         self.gssp = self.strategy.coordinator(n)
+        self.balancer = self.strategy.balancer(n)  # sync.balance = "batch": each worker's batch size
         policy = self.gssp.policy(0) if self.gssp else self.strategy.policy(range(n))
         self.slices = [slice(s.offset, s.offset + s.numel) for s in setup.engine.layout]
         self.lr = self.cfg.optimizer.lr
@@ -159,8 +160,9 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
                 yield server.egress.transfer(pulled.nbytes, profile.link_bps)
             pull_s = self.env.now - t1
 
-            compute = profile.compute_s * self.speeds[w] * self.stragglers.factor(w)
-            push, loss = self._compute(w, pulled)
+            batch = self._batch(w)
+            compute = profile.compute_s * self.speeds[w] * self.stragglers.factor(w) * batch / self.cfg.data.batch_size
+            push, loss = self._compute(w, pulled, batch)
             yield self.env.timeout(compute)
             if w in self.departed:
                 return
@@ -184,7 +186,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
             target = self.server_of(w)  # a regroup may have moved this worker while it computed
             self._deliver(w, target, push, staleness=target.version - pulled_version if target is server else None,
                           waited=waited, compute=compute, pull_s=pull_s, push_s=push_s, loss=loss,
-                          down_bytes=ring_bytes if self.allreduce else pulled.nbytes)
+                          down_bytes=ring_bytes if self.allreduce else pulled.nbytes, batch=batch)
 
     def _ring(self, w: int) -> tuple[int, float]:
         """Bytes each member sends and seconds of the ring all-reduce of ``w``'s group (its members now)."""
@@ -194,7 +196,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
                 ring_allreduce_time(nbytes, members, self.profile.link_bps, self.profile.latency_s))
 
     def _deliver(self, w: int, server: SimServer, push: Push, *, staleness: int | None, waited: float,
-                 compute: float, pull_s: float, push_s: float, loss: float | None, down_bytes: int) -> None:
+                 compute: float, pull_s: float, push_s: float, loss: float | None, down_bytes: int,
+                 batch: int) -> None:
         """The server takes the push; record it; let GSSP react (exchange, split, regroup)."""
         comm = pull_s + push_s
         due = self._checkpoint_due()
@@ -204,7 +207,10 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
         self.recorder.iteration(
             t=self.env.now, worker=w, group=self.stats[w].group, clock=server.policy.clocks[w],
             staleness=staleness, compute_s=compute, wait_s=waited, comm_s=comm, pull_s=pull_s, loss=loss,
+            **({"batch": batch} if self.balancer else {}),
         )
+        if self.balancer is not None:
+            self._balance(w, server, applied, compute, batch)
         for clock in server.finish_measurements():
             self.recorder.event("sim", t=self.env.now, group=self.servers.index(server), clock=clock,
                                 **server.schedule.state())
@@ -243,16 +249,39 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
         """Batch-norm values a SIM transfer carries: every time, or (local SGD) only with a sync."""
         return 0 if schedule.periodic and not any(moved) else self.setup.num_buffer_values
 
-    def _compute(self, w: int, pulled: Pulled) -> tuple[Push, float | None]:
+    def _batch(self, w: int) -> int:
+        """``w``'s batch size now: data.batch_size, or its share of its group's global batch (sync.balance)."""
+        return self.balancer.size(w) if self.balancer is not None else self.cfg.data.batch_size
+
+    def _members(self, server: SimServer) -> list[int]:
+        """The workers whose rounds ``server`` gates (a GSSP group, or everyone still present)."""
+        return self.gssp.groups[self.servers.index(server)] if self.gssp else server.policy.workers
+
+    def _scale(self, w: int) -> float:
+        """What ``w``'s mean gradient is multiplied by so a round's 1/N sum is the mean over its global batch."""
+        return 1.0 if self.balancer is None else self.balancer.scale(w, self._members(self.server_of(w)))
+
+    def _balance(self, w: int, server: SimServer, applied: int, compute: float, batch: int) -> None:
+        """Profile ``w``'s seconds per sample; at the end of a round, resize its group if that pays."""
+        assert self.balancer is not None
+        self.balancer.observe(w, compute, batch)
+        members = self._members(server)
+        if applied and self.balancer.rebalance(members):
+            self.recorder.event("balance", t=self.env.now, group=self.servers.index(server),
+                                sizes={str(m): self.balancer.size(m) for m in members})
+
+    def _compute(self, w: int, pulled: Pulled, batch: int) -> tuple[Push, float | None]:
         """The worker's push: real (compressed) gradient in train mode, sizes only in cost mode."""
         buffer_bytes = 4 * self.setup.num_buffer_values
         if pulled.params is None:
             grad_bytes = self.codecs[w].nominal_bytes(self.density(w)) if self.codecs else 4 * self.setup.engine.num_params
             return Push(None, None, grad_bytes + buffer_bytes), None
-        x, y = self.setup.streams[w].next()
+        x, y = self.setup.streams[w].next(batch)
         grad, buffer_delta, loss = self.setup.engine.gradient(pulled.params, pulled.buffers, x, y)
         if pulled.plan is not None:
             return self._sim_push(w, pulled, grad, buffer_delta), round(loss, 6)
+        if (scale := self._scale(w)) != 1.0:
+            grad = grad * scale
         grad_bytes = 4 * grad.numel()
         if self.codecs:
             grad, grad_bytes = self.codecs[w].encode(grad, self.density(w))
@@ -265,10 +294,13 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
         local.step(grad)
         grad_mask = tuple(p and f for p, f in zip(pulled.plan, pulled.fresh))
         delta_mask = tuple(p and not f for p, f in zip(pulled.plan, pulled.fresh))
-        sent_grad, grad_bytes = self._encode(self.codecs, w, grad, grad_mask)
+        scale = self._scale(w)  # weighted by samples (sync.balance): the round's mean is the global batch's
+        sent_grad, grad_bytes = self._encode(self.codecs, w, grad if scale == 1.0 else grad * scale, grad_mask)
         sent_delta, delta_bytes = (None, 0)
         if any(delta_mask):
-            sent_delta, delta_bytes = self._encode(self.delta_codecs, w, local.change(), delta_mask)
+            change = local.change()
+            sent_delta, delta_bytes = self._encode(self.delta_codecs, w, change if scale == 1.0 else change * scale,
+                                                   delta_mask)
         nbytes = grad_bytes + delta_bytes + 4 * self._buffer_values(self.server_of(w).schedule, pulled.plan)
         return Push(sent_grad, buffer_delta, nbytes, sent_delta, grad_mask, delta_mask, pulled.clock)
 

@@ -1,0 +1,174 @@
+"""Work sized to speed (sync.balance): the split, the balancer, and balanced rounds end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.backends.sim import SimBackend
+from shoal.config import ConfigError, load_config
+from shoal.engine.metrics import RunRecorder
+from shoal.engine.replica import Replica
+from shoal.engine.setup import build_setup
+from shoal.sync.balance import BatchBalancer, proportional_split
+
+from conftest import FAST, ROOT
+
+# -- the split (pure) -----------------------------------------------------------------------------
+
+
+def test_the_split_follows_the_rates_exactly_when_they_divide():
+    assert proportional_split(512, [1] * 4 + [0.5] * 4 + [0.25] * 4 + [0.125] * 4, 4) == (
+        [68] * 4 + [34] * 4 + [17] * 4 + [9] * 4)
+    assert proportional_split(7, [1, 1, 1]) == [3, 2, 2]  # the leftover goes to the first of equal remainders
+    assert proportional_split(10, [1, 100], 1, 9) == [1, 9]  # pinned at both bounds
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.01, 100), min_size=1, max_size=24), st.integers(1, 64), st.data())
+def test_sizes_are_integers_that_sum_to_the_total_within_the_bounds(rates, per_worker, data):
+    n = len(rates)
+    low = data.draw(st.integers(1, per_worker))
+    high = data.draw(st.integers(per_worker, 4 * per_worker) | st.none())
+    sizes = proportional_split(n * per_worker, rates, low, high)
+    assert all(isinstance(b, int) for b in sizes)
+    assert sum(sizes) == n * per_worker
+    assert all(low <= b <= (high or n * per_worker) for b in sizes)
+    faster = [(rates[i], sizes[i]) for i in range(n)]
+    for (ri, bi) in faster:  # a faster worker never gets fewer samples (beyond the rounding of one)
+        assert all(bj <= bi + 1 for rj, bj in faster if rj <= ri)
+
+
+def test_an_impossible_split_is_refused():
+    with pytest.raises(ValueError, match="cannot split"):
+        proportional_split(10, [1, 1], 6)
+    with pytest.raises(ValueError, match="cannot split"):
+        proportional_split(10, [1, 1], 1, 4)
+
+
+# -- the balancer (pure) ----------------------------------------------------------------------------
+
+
+def feed(balancer: BatchBalancer, seconds_per_sample: list[float], rounds: int) -> None:
+    for _ in range(rounds):
+        for w, t in enumerate(seconds_per_sample):
+            balancer.observe(w, t * balancer.size(w), balancer.size(w))
+        balancer.rebalance(range(len(seconds_per_sample)))
+
+
+def test_the_balancer_waits_for_its_profile_then_sizes_to_speed():
+    balancer = BatchBalancer(2, 32, warmup=3, window=10)
+    feed(balancer, [1.0, 3.0], 2)
+    assert balancer.sizes == [32, 32]  # not profiled yet
+    feed(balancer, [1.0, 3.0], 1)
+    assert balancer.sizes == [48, 16]
+    assert balancer.scale(0, [0, 1]) == 1.5 and balancer.scale(1, [0, 1]) == 0.5
+
+
+def test_the_balancer_tracks_a_sustained_change_and_ignores_a_transient_one():
+    balancer = BatchBalancer(2, 32, warmup=3, window=10)
+    feed(balancer, [1.0, 1.0], 10)
+    assert balancer.sizes == [32, 32]
+    feed(balancer, [1.0, 4.0], 3)  # a slow spell of 3 iterations in a window of 10: a straggler, not a slow worker
+    assert balancer.sizes == [32, 32]
+    feed(balancer, [1.0, 1.0], 10)
+    feed(balancer, [1.0, 4.0], 10)  # sustained: it moves the low quantile once it fills four fifths of the window
+    assert balancer.sizes == [51, 13]
+
+
+def test_the_balancer_keeps_sizes_that_would_barely_help():
+    balancer = BatchBalancer(2, 32, warmup=1, window=5, tolerance=0.1)
+    feed(balancer, [1.0, 1.05], 5)  # a 5% difference: the round would get under 10% faster
+    assert balancer.sizes == [32, 32]
+
+
+def test_sizes_of_a_changed_group_are_reset_to_sum_to_its_global_batch():
+    balancer = BatchBalancer(3, 10, warmup=1, window=5)
+    feed(balancer, [1.0, 1.0, 2.0], 2)
+    assert sum(balancer.sizes) == 30
+    assert balancer.rebalance([0, 2])  # a regroup: the pair must share 20
+    assert balancer.size(0) + balancer.size(2) == 20
+
+
+# -- balanced rounds on the sim backend ----------------------------------------------------------------
+
+
+def run_sim(*overrides: str) -> tuple[SimBackend, list[dict]]:
+    cfg = load_config(None, FAST + ["run.stop_at_target=false", *overrides])
+    events: list[dict] = []
+    recorder = RunRecorder(listener=lambda kind, fields: events.append({"event": kind, **fields}))
+    backend = SimBackend(build_setup(cfg), recorder)
+    backend.run()
+    return backend, events
+
+
+def test_a_balanced_bsp_round_is_one_step_on_the_concatenated_global_batch():
+    """Two rounds of 2 workers at speeds 1 and 3: the second round's sizes are 48 and 16, and each round's
+    update equals one step of one worker on the two batches concatenated."""
+    common = ["cluster.workers=2", "cluster.speeds=[1,3]", "sync.balance=batch", "balance.profile_iterations=1",
+              "run.max_iterations=4", "optimizer.momentum=0.9"]
+    backend, events = run_sim(*common)
+    sizes = [[e["batch"] for e in events if e["event"] == "iteration"][i:i + 2] for i in (0, 2)]
+    assert sorted(sizes[0]) == [32, 32] and sorted(sizes[1]) == [16, 48]
+    setup = build_setup(load_config(None, FAST + ["run.stop_at_target=false", *common]))
+    params, buffers = setup.engine.initial_state()
+    single = Replica(params, buffers, setup.cfg.optimizer)
+    by_worker = {e["worker"]: [] for e in events if e["event"] == "iteration"}
+    for e in events:
+        if e["event"] == "iteration":
+            by_worker[e["worker"]].append(e["batch"])
+    for r in range(2):
+        batches = [setup.streams[w].next(by_worker[w][r]) for w in (0, 1)]
+        x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+        grad, _, _ = setup.engine.gradient(*single.snapshot(), x, y)
+        single.apply([grad], 1.0)
+    assert torch.allclose(backend.model_state()[0], single.snapshot()[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("scheme", [["sync.scheme=bsp"], ["sync.scheme=bsp", "sync.intra_group=allreduce"],
+                                    ["sync.scheme=gssp"], ["sync.scheme=localsgd"], ["sync.scheme=diloco"]])
+def test_every_balanced_round_sums_to_its_global_batch(scheme):
+    backend, events = run_sim(*scheme, "cluster.workers=8", "cluster.profile=tiers", "sync.balance=batch",
+                              "run.max_time_s=3")
+    resized = [e for e in events if e["event"] == "balance"]
+    assert resized, "the tiered cluster was never balanced"
+    groups = {g: len(members) for g, members in enumerate(backend._groups())}
+    for e in resized:
+        assert sum(e["sizes"].values()) == 32 * len(e["sizes"])
+    assert len(groups) >= 1
+    fast, slow = backend.balancer.size(0), backend.balancer.size(7)
+    assert fast > slow, (fast, slow)
+
+
+def test_a_balanced_tiered_bsp_round_takes_less_virtual_time():
+    plain, _ = run_sim("cluster.workers=8", "cluster.profile=tiers")
+    balanced, _ = run_sim("cluster.workers=8", "cluster.profile=tiers", "sync.balance=batch")
+    assert balanced.recorder.iterations > 2 * plain.recorder.iterations  # 8x-slow workers no longer set the pace
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["sync.scheme=asp", "sync.balance=batch"], "sync.balance: 'batch' sizes the work of synchronous rounds"),
+    (["sync.balance=batch", "balance.min_batch=64"], "balance: data.batch_size = 32 must lie within"),
+    (["sync.balance=batch", "network.aggregation=ina"], "sync.balance: sizes are planned over a fixed set"),
+])
+def test_bad_balance_settings_are_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, FAST + overrides)
+
+
+@pytest.mark.timeout(120)
+def test_shoal_train_records_each_workers_batch(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "shoal", "train", *sum((["--set", o] for o in FAST), []), "--set", "sync.balance=batch",
+         "--set", "cluster.profile=tiers", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=110)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    batches = {e["worker"]: e["batch"] for e in lines if e["event"] == "iteration"}
+    assert batches[0] > batches[3] and sum(batches.values()) == 4 * 32
