@@ -258,6 +258,24 @@ def test_local_sgd_and_diloco_train_on_ray_and_send_only_at_syncs(ray_session, s
     assert "similarity" not in summary
 
 
+def test_balanced_batches_on_ray_follow_each_workers_emulated_speed(ray_session, tmp_path):
+    """sync.balance = "batch": the server sizes each actor's batch to its speed; the actor computes exactly that
+    many samples, its records show it, and the run reaches its target."""
+    cfg = ray_config("cluster.workers=3", "cluster.speeds=[1,1,4]", "sync.balance=batch",
+                     "balance.profile_iterations=2", "cluster.compute_s=0.02", "run.max_time_s=40")
+    summary = train(cfg, tmp_path / "run")
+    events = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    last = {e["worker"]: e["batch"] for e in events if e["event"] == "iteration"}
+    assert summary["stop_reason"] == "target_reached"
+    assert last[2] < 32 < last[0] and sum(last.values()) == 3 * 32, last
+    assert any(e["event"] == "balance" for e in events)
+
+
+def test_balanced_all_reduce_groups_on_ray_are_refused_in_one_line():
+    with pytest.raises(ConfigError, match="sync.balance: on ray"):
+        train(ray_config("sync.balance=batch", "sync.intra_group=allreduce"), Path("/nonexistent/never"))
+
+
 def test_a_plugin_compressor_and_scheme_train_on_ray(ray_session, tmp_path):
     """The user's classes are loaded in the server and worker actors; the compressor's bytes are a quarter of dense."""
     plugins = ROOT / "examples" / "plugins"

@@ -227,7 +227,7 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         self.recorder.iteration(
             t=r["t"], worker=w, group=stats.group, clock=r["clock"], staleness=r["staleness"],
             compute_s=r["compute_s"], wait_s=r["wait_s"], comm_s=r["comm_s"], pull_s=r["pull_s"], loss=r["loss"],
-            compute_real_s=r["compute_real_s"],
+            compute_real_s=r["compute_real_s"], **({"batch": r["batch"]} if "batch" in r else {}),
         )
         self._recent.append((r["t"], stats.group))
         self._note_applied(r["server"], r["t"])

@@ -38,6 +38,7 @@ from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
 from shoal.config import OptimizerConfig
 from shoal.engine.replica import Replica
 from shoal.sync import PeriodicSchedule, SyncPolicy
+from shoal.sync.balance import BatchBalancer
 from shoal.sync.policies import PacedSSP
 
 
@@ -45,11 +46,14 @@ class GroupServer:
     """One (group) server: replica, sync policy, buffered pushes, gate futures, delta exchange."""
 
     def __init__(self, index: int, opt: OptimizerConfig, weight: float, exchange_every: int, peer_link: Link,
-                 torch_threads: int = 1, outer: tuple[float, float] | None = None) -> None:
+                 torch_threads: int = 1, outer: tuple[float, float] | None = None,
+                 balancer: BatchBalancer | None = None) -> None:
+        """``balancer``: sync.balance = "batch", this server's own copy (it profiles and sizes its members)."""
         quiet_readonly_numpy()
         torch.set_num_threads(torch_threads)
         self.index, self.opt, self.weight, self.exchange_every = index, opt, weight, exchange_every
         self.outer = outer  # DiLoCo's outer step (lr, momentum) on the averaged local changes
+        self.balancer = balancer
         self.peer_link, self.t0 = peer_link, 0.0
         self.policy: SyncPolicy | None = None
         self.replica: Replica | None = None
@@ -215,10 +219,17 @@ class GroupServer:
         if status != OK:
             return {"status": status, "epoch": self.epoch, "wait_s": waited}
         params, buffers = self.state()
+        work = self._work(worker)
         if self.schedule is not None:
             return {"status": OK, **self._sim_pull(worker, params), "buffers": buffers, "version": self.version,
-                    "wait_s": waited}
-        return {"status": OK, "params": params, "buffers": buffers, "version": self.version, "wait_s": waited}
+                    "wait_s": waited, **work}
+        return {"status": OK, "params": params, "buffers": buffers, "version": self.version, "wait_s": waited, **work}
+
+    def _work(self, worker: int) -> dict[str, Any]:
+        """sync.balance: the worker's batch size this iteration and its gradient's weight in the round."""
+        if self.balancer is None or self.policy is None:
+            return {}
+        return {"batch": self.balancer.size(worker), "scale": self.balancer.scale(worker, self.policy.workers)}
 
     def _sim_pull(self, worker: int, params: np.ndarray) -> dict[str, Any]:
         """SIM: the plan of the worker's clock, and only the tensors aggregated at its previous clock (all of
@@ -237,11 +248,13 @@ class GroupServer:
                 "nbytes": 4 * (values.size + buffer_values)}
 
     async def push(self, worker: int, pulled_version: int | None, grad: np.ndarray | None,
-                   buffer_delta: np.ndarray, sim: dict[str, Any] | None = None, then_pull: bool = False) -> dict[str, Any]:
+                   buffer_delta: np.ndarray, sim: dict[str, Any] | None = None, then_pull: bool = False,
+                   work: tuple[float, int] | None = None) -> dict[str, Any]:
         """Take a gradient (None: it came through the data plane); apply what the policy releases; send the own
         delta when due (GSSP). With SIM, ``grad`` holds the packed gradient tensors and ``sim`` the packed local
         changes, both masks and the SIM clock. ``then_pull``: also wait at the gate for the worker's next
-        iteration and hand out the parameters under ``"next"`` (as ``pull`` does), in the same call."""
+        iteration and hand out the parameters under ``"next"`` (as ``pull`` does), in the same call. ``work``:
+        (compute seconds, batch size) of the iteration, which sync.balance profiles."""
         if self.stopping:
             return {"status": STOP}
         assert self.policy is not None
@@ -259,6 +272,8 @@ class GroupServer:
         batch = self.policy.on_push(worker)
         if batch:
             self._apply(batch)
+        if self.balancer is not None and work is not None:
+            self._balance(worker, bool(batch), *work)
         self._finish_measurements()
         clock = self.policy.clocks[worker]
         self._wake()
@@ -268,6 +283,15 @@ class GroupServer:
         if then_pull:
             reply["next"] = await self.pull(worker)
         return reply
+
+    def _balance(self, worker: int, applied: bool, compute_s: float, batch: int) -> None:
+        """Profile the worker's seconds per sample; at the end of a round, resize the members if that pays."""
+        assert self.balancer is not None and self.policy is not None
+        self.balancer.observe(worker, compute_s, batch)
+        members = self.policy.workers
+        if applied and self.balancer.rebalance(members):
+            self._events.append({"event": "balance", "t": round(time.time() - self.t0, 6), "group": self.index,
+                                 "sizes": {str(m): self.balancer.size(m) for m in members}})
 
     async def _gate(self, worker: int) -> str:
         loop = asyncio.get_running_loop()

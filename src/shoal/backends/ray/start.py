@@ -103,7 +103,8 @@ class ActorSetup:
         c, b = self.cfg.cluster, self.cfg.backend
         peer_link = Link(c.latency_ms / 1e3, c.server_gbps * 1e9, c.emulate)
         return (index, self.strategy.server_optimizer, self._weight(),
-                self.cfg.sync.gssp.exchange_every, peer_link, actor_threads(b.cpus_per_server), self.strategy.outer_step)
+                self.cfg.sync.gssp.exchange_every, peer_link, actor_threads(b.cpus_per_server), self.strategy.outer_step,
+                self.strategy.balancer(self.cfg.cluster.total_workers))
 
     def _server_actor(self, index: int) -> Any:
         options = {"num_cpus": self.cfg.backend.cpus_per_server, "max_concurrency": 10_000}

@@ -270,9 +270,11 @@ class Worker:
             return self._sim_compute(reply)
         params = as_tensor(reply["params"]).to(self.device)
         buffers = as_tensor(reply["buffers"]).to(self.device)
-        x, y = self.stream.next()
+        x, y = self.stream.next(reply.get("batch"))
         grad, buffer_delta, loss = self.engine.gradient(params, buffers, x.to(self.device), y.to(self.device))
         grad, buffer_delta = grad.cpu(), buffer_delta.cpu()
+        if (scale := reply.get("scale", 1.0)) != 1.0:  # sync.balance: weighted by samples in the round
+            grad = grad * scale
         nbytes = 4 * grad.numel()
         if self.codec is not None:
             grad, nbytes = self.codec.encode(grad, self.density)
@@ -287,17 +289,20 @@ class Worker:
         fresh, plan = tuple(reply["fresh"]), tuple(reply["plan"])
         local.pull(unpack(reply["params"], fresh, self.slices, local.params.numel()), fresh)
         buffers = as_tensor(reply["buffers"]).to(self.device)
-        x, y = self.stream.next()
+        x, y = self.stream.next(reply.get("batch"))
         grad, buffer_delta, loss = self.engine.gradient(local.params.to(self.device), buffers, x.to(self.device),
                                                         y.to(self.device))
         grad, buffer_delta = grad.cpu(), buffer_delta.cpu()
         local.step(grad)
         grad_mask = tuple(p and f for p, f in zip(plan, fresh))
         delta_mask = tuple(p and not f for p, f in zip(plan, fresh))
-        sent_grad, grad_bytes = self._encode(self.codec, grad, grad_mask)
+        scale = reply.get("scale", 1.0)  # sync.balance: weighted by samples in the round
+        sent_grad, grad_bytes = self._encode(self.codec, grad * scale if scale != 1.0 else grad, grad_mask)
         sent_delta, delta_bytes = (torch.zeros_like(grad), 0)
         if any(delta_mask):
-            sent_delta, delta_bytes = self._encode(self.delta_codec, local.change(), delta_mask)
+            change = local.change()
+            sent_delta, delta_bytes = self._encode(self.delta_codec, change * scale if scale != 1.0 else change,
+                                                   delta_mask)
         sim = {"delta": pack(sent_delta, delta_mask, self.slices), "grad_mask": grad_mask, "delta_mask": delta_mask,
                "clock": reply["clock"]}
         buffer_bytes = 0 if reply.get("periodic") and not any(plan) else 4 * buffer_delta.numel()
@@ -317,7 +322,8 @@ class Worker:
         return self.cfg.backend.combined_pull and self.local is None and self.ina is None
 
     async def _push(self, route: Route, version: int, grad: np.ndarray | None, delta: np.ndarray,
-                    nbytes: int, sim: dict[str, Any] | None = None) -> tuple[dict[str, Any], float, float] | None:
+                    nbytes: int, sim: dict[str, Any] | None = None,
+                    work: tuple[float, int] | None = None) -> tuple[dict[str, Any], float, float] | None:
         """Upload (link-padded), re-sending to the new server if this worker moved; (reply, wait_s, comm_s).
 
         With ``_combined`` the reply also carries the next iteration's pull, kept in ``self._next``.
@@ -339,7 +345,7 @@ class Worker:
         def push(target: Route) -> Any:
             nonlocal moved_away
             moved_away = moved_away or target.handle._actor_id != route.handle._actor_id
-            return target.handle.push.remote(self.w, None if moved_away else version, grad, delta, sim, combined)
+            return target.handle.push.remote(self.w, None if moved_away else version, grad, delta, sim, combined, work)
 
         answered = await self._routed(push)
         if answered is None:
@@ -367,12 +373,14 @@ class Worker:
         grad, delta, nbytes, loss, sim = self._compute(reply)
         real = time.perf_counter() - start
         compute = real
+        batch = reply.get("batch", self.cfg.data.batch_size)
         if self.cfg.cluster.emulate:
-            target = self.compute_s * self.speed * self.stragglers.factor(self.w)
+            target = self.compute_s * self.speed * self.stragglers.factor(self.w) * batch / self.cfg.data.batch_size
             if target > real:
                 await asyncio.sleep(target - real)
             compute = max(target, real)
-        pushed = await self._push(route, reply["version"], grad, delta, nbytes, sim)
+        work = (compute, batch) if "batch" in reply else None
+        pushed = await self._push(route, reply["version"], grad, delta, nbytes, sim, work)
         if pushed is None:
             return False
         answer, push_wait, push_s = pushed
@@ -381,6 +389,6 @@ class Worker:
             "clock": answer["clock"], "staleness": answer["staleness"], "compute_s": round(compute, 6),
             "compute_real_s": round(real, 6), "wait_s": round(waited + push_wait, 6),
             "comm_s": round(pull_s + push_s, 6), "pull_s": round(pull_s, 6), "loss": round(loss, 6), "bytes_up": nbytes,
-            "bytes_down": reply.get("nbytes", self.download_bytes),
+            "bytes_down": reply.get("nbytes", self.download_bytes), **({"batch": batch} if work else {}),
         })
         return True
