@@ -172,3 +172,18 @@ def test_shoal_train_records_each_workers_batch(tmp_path):
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     batches = {e["worker"]: e["batch"] for e in lines if e["event"] == "iteration"}
     assert batches[0] > batches[3] and sum(batches.values()) == 4 * 32
+
+
+@pytest.mark.timeout(180)
+def test_compare_takes_balance_as_a_modifier_and_the_report_draws_each_workers_batch(tmp_path):
+    out = tmp_path / "cmp"
+    proc = subprocess.run(
+        [sys.executable, "-m", "shoal", "compare", "--schemes", "bsp,bsp+balance", *sum((["-s", o] for o in FAST), []),
+         "-s", "cluster.profile=tiers", "-o", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=170)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["scheme"]: r for r in json.loads((out / "compare.json").read_text())["rows"]}
+    assert set(rows) == {"bsp", "bsp+balance"}
+    page = (out / "report.html").read_text()
+    assert "each worker&#39;s batch size over time in bsp+balance" in page or \
+        "each worker's batch size over time in bsp+balance" in page
+    assert (out / "batches-bsp_balance.png").exists() and not (out / "batches-bsp.png").exists()

@@ -340,6 +340,14 @@ def _timeline_section(out: Path, runs: list[RunData], label: str) -> Section:
             timeline = plots.Timeline(run.name, iterations_in(run.path, *window), run.speeds, window, _marks(run))
             path, _ = plots.plot_timeline(timeline, out / f"timeline-{_slug(run.name)}.png", label)
             section["images"].append(_img(path, f"per-worker timeline of {run.name}"))
+    for run in runs:
+        if run.balance:
+            config = run.path / "config.toml"
+            per_worker = int(tomllib.loads(config.read_text())["data"]["batch_size"]) if config.exists() else 32
+            path = plots.plot_batch_sizes(run.name, run.balance, run.speeds, per_worker,
+                                          float(run.summary.get("elapsed_s") or run.balance[-1]["t"]),
+                                          out / f"batches-{_slug(run.name)}.png", label)
+            section["images"].append(_img(path, f"each worker's batch size over time in {run.name}"))
     return section
 
 

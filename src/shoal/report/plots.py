@@ -7,6 +7,7 @@ to call from tests and scripts.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -383,6 +384,35 @@ def _timeline_legend(groups: list[int], kinds: set[str]) -> list[Patch]:
         handles.append(Patch(color=group_color(groups[0] if groups else 0), alpha=0.35,
                              label="waiting (thin pale bar, the group's colour)"))
     return handles
+
+
+def plot_batch_sizes(name: str, resizes: Sequence[Mapping[str, Any]], speeds: Sequence[float], per_worker: int,
+                     end_t: float, path: Path, time_label: str) -> Path:
+    """sync.balance: each worker's batch size over time (a step line per worker, from data.batch_size at 0)."""
+    workers = pick_workers(speeds, MAX_TIMELINE_WORKERS) if speeds else sorted(
+        {int(w) for r in resizes for w in r["sizes"]})
+    fig = Figure(figsize=(12, 4), layout="constrained")
+    ax = fig.subplots()
+    cmap = matplotlib.colormaps["viridis"]
+    slowest = max(speeds, default=1.0)
+    for w in workers:
+        times, sizes = [0.0], [per_worker]
+        for r in resizes:
+            if str(w) in r["sizes"]:
+                times.append(float(r["t"]))
+                sizes.append(int(r["sizes"][str(w)]))
+        times.append(max(end_t, times[-1]))
+        sizes.append(sizes[-1])
+        speed = speeds[w] if w < len(speeds) else 1.0
+        ax.step(times, sizes, where="post", lw=1.4, color=cmap(0.9 * math.log(speed) / math.log(slowest))
+                if slowest > 1 else cmap(0.0), label=f"w{w} ({speed:g}x)")
+    ax.set_xlabel(time_label)
+    ax.set_ylabel("batch size (samples)")
+    resized = f"{len(resizes)} resize{'s' if len(resizes) != 1 else ''}"
+    ax.set_title(f"{name}: each worker's batch, sized to its measured speed ({resized})", loc="left")
+    ax.grid(alpha=0.3)
+    fig.legend(fontsize=8, ncol=min(len(workers), 8), loc="outside lower center", frameon=False)
+    return save_figure(fig, path)
 
 
 def pick_workers(speeds: Sequence[float], limit: int) -> list[int]:

@@ -29,6 +29,7 @@ class RunData:
     accuracy_by_bytes: list[tuple[float, float]] = field(default_factory=list)  # (bytes sent and received so far, metric)
     groups: list[dict[str, Any]] = field(default_factory=list)
     sim: list[dict[str, Any]] = field(default_factory=list)
+    balance: list[dict[str, Any]] = field(default_factory=list)  # sync.balance: each resize, {t, group, sizes}
     speeds: list[float] = field(default_factory=list)
     has_iterations: bool = False
 
@@ -74,6 +75,8 @@ def _take(run: RunData, event: dict[str, Any]) -> None:
         run.groups.append(event)
     elif kind == "sim":
         run.sim.append(event)
+    elif kind == "balance":
+        run.balance.append(event)
     elif kind == "start":
         run.speeds = list(event.get("speeds") or [])
     elif kind == "iteration":

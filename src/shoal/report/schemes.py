@@ -1,8 +1,8 @@
 """Scheme specs for `shoal compare`: ``base[+modifier...]`` -> config overrides.
 
 A spec names a synchronisation scheme and what is layered on it, e.g.
-``gssp+gdtopk`` or ``bsp+ina-atp`` (in-network aggregation along the atp
-plan), and may pin config values after ``@`` (``bsp@optimizer.lr=0.02``),
+``gssp+gdtopk``, ``bsp+balance`` (batch sizes in proportion to speed) or
+``bsp+ina-atp`` (in-network aggregation along the atp plan), and may pin config values after ``@`` (``bsp@optimizer.lr=0.02``),
 which also keeps those keys out of ``--tune`` for that scheme. The
 vocabulary is read from the registries (shoal.registry), so a newly
 registered scheme, compressor or planner is comparable with no line here;
@@ -26,9 +26,11 @@ def bases() -> dict[str, tuple[str, ...]]:
 
 
 def modifiers() -> dict[str, tuple[str, ...]]:
-    """``sim``, every registered compressor, ``ina`` and ``ina-<planner>`` for every registered planner."""
+    """``sim``, ``balance`` (batch sizes to speed), every registered compressor, ``ina`` and ``ina-<planner>`` for
+    every registered planner."""
     return {
         "sim": ("compression.similarity.enabled=true",),
+        "balance": ("sync.balance=batch",),
         **{name: (f"compression.method={name}",) for name in COMPRESSORS},
         "ina": ("network.aggregation=ina",),
         **{f"ina-{algo}": ("network.aggregation=ina", f"network.algorithm={algo}") for algo in PLANNERS},
