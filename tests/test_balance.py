@@ -11,12 +11,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoal.backends.local_model import LocalModel
 from shoal.backends.sim import SimBackend
 from shoal.config import ConfigError, load_config
 from shoal.engine.metrics import RunRecorder
 from shoal.engine.replica import Replica
 from shoal.engine.setup import build_setup
-from shoal.sync.balance import BatchBalancer, proportional_split
+from shoal.sync.balance import WorkBalancer, proportional_split
 
 from conftest import FAST, ROOT
 
@@ -55,7 +56,7 @@ def test_an_impossible_split_is_refused():
 # -- the balancer (pure) ----------------------------------------------------------------------------
 
 
-def feed(balancer: BatchBalancer, seconds_per_sample: list[float], rounds: int) -> None:
+def feed(balancer: WorkBalancer, seconds_per_sample: list[float], rounds: int) -> None:
     for _ in range(rounds):
         for w, t in enumerate(seconds_per_sample):
             balancer.observe(w, t * balancer.size(w), balancer.size(w))
@@ -63,7 +64,7 @@ def feed(balancer: BatchBalancer, seconds_per_sample: list[float], rounds: int) 
 
 
 def test_the_balancer_waits_for_its_profile_then_sizes_to_speed():
-    balancer = BatchBalancer(2, 32, warmup=3, window=10)
+    balancer = WorkBalancer(2, 32, warmup=3, window=10)
     feed(balancer, [1.0, 3.0], 2)
     assert balancer.sizes == [32, 32]  # not profiled yet
     feed(balancer, [1.0, 3.0], 1)
@@ -72,7 +73,7 @@ def test_the_balancer_waits_for_its_profile_then_sizes_to_speed():
 
 
 def test_the_balancer_tracks_a_sustained_change_and_ignores_a_transient_one():
-    balancer = BatchBalancer(2, 32, warmup=3, window=10)
+    balancer = WorkBalancer(2, 32, warmup=3, window=10)
     feed(balancer, [1.0, 1.0], 10)
     assert balancer.sizes == [32, 32]
     feed(balancer, [1.0, 4.0], 3)  # a slow spell of 3 iterations in a window of 10: a straggler, not a slow worker
@@ -83,13 +84,13 @@ def test_the_balancer_tracks_a_sustained_change_and_ignores_a_transient_one():
 
 
 def test_the_balancer_keeps_sizes_that_would_barely_help():
-    balancer = BatchBalancer(2, 32, warmup=1, window=5, tolerance=0.1)
+    balancer = WorkBalancer(2, 32, warmup=1, window=5, tolerance=0.1)
     feed(balancer, [1.0, 1.05], 5)  # a 5% difference: the round would get under 10% faster
     assert balancer.sizes == [32, 32]
 
 
 def test_sizes_of_a_changed_group_are_reset_to_sum_to_its_global_batch():
-    balancer = BatchBalancer(3, 10, warmup=1, window=5)
+    balancer = WorkBalancer(3, 10, warmup=1, window=5)
     feed(balancer, [1.0, 1.0, 2.0], 2)
     assert sum(balancer.sizes) == 30
     assert balancer.rebalance([0, 2])  # a regroup: the pair must share 20
@@ -131,6 +132,63 @@ def test_a_balanced_bsp_round_is_one_step_on_the_concatenated_global_batch():
     assert torch.allclose(backend.model_state()[0], single.snapshot()[0], atol=1e-6)
 
 
+def test_balanced_local_steps_are_averaged_weighted_by_steps_in_closed_form():
+    """Local SGD, H = 4, two workers at speeds 1 and 3: the second period's steps are 6 and 2, and the server
+    moves by sum(H_w * change_w) / sum(H_w), each change replayed from the same batches."""
+    common = ["cluster.workers=2", "cluster.speeds=[1,3]", "sync.scheme=localsgd", "sync.localsgd.local_steps=4",
+              "sync.balance=steps", "balance.profile_iterations=1", "run.max_iterations=16", "optimizer.momentum=0"]
+    backend, events = run_sim(*common)
+    periods = [(e["worker"], e["steps"]) for e in events if e["event"] == "iteration"]
+    assert sorted(periods) == [(0, 4), (0, 6), (1, 2), (1, 4)] and backend.recorder.iterations == 16
+    setup = build_setup(load_config(None, FAST + ["run.stop_at_target=false", *common]))
+    params, buffers = setup.engine.initial_state()
+    locals_ = [LocalModel(params, buffers, setup.cfg.optimizer, setup.engine.layout) for _ in range(2)]
+    for steps in ([4, 4], [6, 2]):
+        changes = []
+        for w, local in enumerate(locals_):
+            local.pull(params, [True] * len(setup.engine.layout))
+            for _ in range(steps[w]):
+                x, y = setup.streams[w].next()
+                local.step(setup.engine.gradient(local.params, buffers, x, y)[0])
+            changes.append(local.change())
+        params = params + sum(h * c for h, c in zip(steps, changes)) / sum(steps)
+    assert torch.allclose(backend.model_state()[0], params, atol=1e-6)
+
+
+def test_balanced_local_steps_let_nobody_wait_at_the_averaging():
+    plain, _ = run_sim("cluster.workers=8", "cluster.profile=tiers", "sync.scheme=localsgd", "run.max_time_s=20")
+    steps, events = run_sim("cluster.workers=8", "cluster.profile=tiers", "sync.scheme=localsgd", "sync.balance=steps",
+                            "run.max_time_s=20")
+    resized = [e for e in events if e["event"] == "balance"]
+    assert resized and all(sum(e["sizes"].values()) == 8 * 8 for e in resized)
+    waited = sum(s.wait_s for s in steps.stats) / sum(s.wait_s + s.compute_s for s in steps.stats)
+    plain_waited = sum(s.wait_s for s in plain.stats) / sum(s.wait_s + s.compute_s for s in plain.stats)
+    assert waited < 0.5 * plain_waited, (waited, plain_waited)
+
+
+def test_a_bounded_time_round_never_computes_past_its_deadline_and_weighs_what_was_done():
+    """Tiers 1/1/2/2/4/4/8/8 x 0.01 s: once profiled, the deadline is 3x the fastest batch time (the median);
+    the 4x and 8x workers hand in the whole micro-batches they finished, nobody computes longer."""
+    backend, events = run_sim("cluster.workers=8", "cluster.speeds=[1,1,2,2,4,4,8,8]", "sync.balance=deadline",
+                              "balance.micro_batch=4", "balance.profile_iterations=2")
+    rounds = [e for e in events if e["event"] == "iteration"]
+    late = rounds[8 * 3:]  # after two profiled rounds (and the round in flight)
+    assert late and all(e["compute_s"] <= 0.03 + 1e-12 for e in late)
+    done = {e["worker"]: e["batch"] for e in late}
+    assert done == {0: 32, 1: 32, 2: 32, 3: 32, 4: 24, 5: 24, 6: 12, 7: 12}
+    assert backend.recorder.evals[-1]["accuracy"] > 0.5
+
+
+def test_weighing_by_samples_makes_a_round_the_mean_over_its_samples():
+    from shoal.backends.sim.server import Push, weighed_by_samples
+
+    grads = [torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]), torch.tensor([5.0, 5.0])]
+    pushes = [Push(g, None, 0, samples=s) for g, s in zip(grads, (30, 10, 0))]
+    weighed = weighed_by_samples(pushes)
+    assert torch.allclose(sum(weighed) / 3, torch.tensor([0.75, 0.25]))  # the 1/N sum: 30 and 10 samples, 0 ignored
+    assert weighed_by_samples([Push(grads[0], None, 0, samples=0)]) == []
+
+
 @pytest.mark.parametrize("scheme", [["sync.scheme=bsp"], ["sync.scheme=bsp", "sync.intra_group=allreduce"],
                                     ["sync.scheme=gssp"], ["sync.scheme=localsgd"], ["sync.scheme=diloco"]])
 def test_every_balanced_round_sums_to_its_global_batch(scheme):
@@ -154,8 +212,12 @@ def test_a_balanced_tiered_bsp_round_takes_less_virtual_time():
 
 @pytest.mark.parametrize("overrides, message", [
     (["sync.scheme=asp", "sync.balance=batch"], "sync.balance: 'batch' sizes the work of synchronous rounds"),
-    (["sync.balance=batch", "balance.min_batch=64"], "balance: data.batch_size = 32 must lie within"),
+    (["sync.balance=batch", "balance.min_batch=64"], "balance: data.batch_size = 32 must lie within min_batch and max_batch"),
     (["sync.balance=batch", "network.aggregation=ina"], "sync.balance: sizes are planned over a fixed set"),
+    (["sync.balance=steps"], "sync.balance: 'steps' sizes the work of synchronous rounds \\(diloco, localsgd\\)"),
+    (["sync.balance=deadline", "sync.scheme=gssp"], "sync.balance: 'deadline'"),
+    (["sync.balance=deadline", "balance.micro_batch=64"], "balance.micro_batch = 64 is larger than data.batch_size"),
+    (["sync.scheme=localsgd", "sync.balance=steps", "balance.max_steps=4"], "sync.localsgd.local_steps = 8 must lie"),
 ])
 def test_bad_balance_settings_are_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message):

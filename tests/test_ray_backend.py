@@ -271,9 +271,14 @@ def test_balanced_batches_on_ray_follow_each_workers_emulated_speed(ray_session,
     assert any(e["event"] == "balance" for e in events)
 
 
-def test_balanced_all_reduce_groups_on_ray_are_refused_in_one_line():
-    with pytest.raises(ConfigError, match="sync.balance: on ray"):
-        train(ray_config("sync.balance=batch", "sync.intra_group=allreduce"), Path("/nonexistent/never"))
+@pytest.mark.parametrize("overrides, message", [
+    (["sync.balance=batch", "sync.intra_group=allreduce"], "sync.balance: on ray"),
+    (["sync.balance=deadline"], "sync.balance: 'deadline' runs on sim only"),
+    (["sync.scheme=localsgd", "sync.balance=steps"], "sync.balance: 'steps' runs on sim only"),
+])
+def test_balance_modes_ray_does_not_run_are_refused_in_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        train(ray_config(*overrides), Path("/nonexistent/never"))
 
 
 def test_a_plugin_compressor_and_scheme_train_on_ray(ray_session, tmp_path):

@@ -24,10 +24,10 @@ from shoal.compress.similarity import SimilaritySchedule
 from shoal.config import Config, OptimizerConfig
 from shoal.engine.gradients import TensorSlot
 from shoal.registry import COMPRESSORS, SCHEMES
-from shoal.sync.balance import BatchBalancer
+from shoal.sync.balance import WorkBalancer
 from shoal.sync.base import SchemeSpec, SyncPolicy, build_policy
 from shoal.sync.gssp import GSSP
-from shoal.sync.localsgd import PeriodicSchedule
+from shoal.sync.localsgd import LocalSGD, PeriodicSchedule
 
 AggregationSchedule = SimilaritySchedule | PeriodicSchedule
 
@@ -60,14 +60,33 @@ class Strategy:
         return self.scheme.coordinator(workers, self.cfg.sync) if self.grouped else None
 
     def policy(self, workers: Iterable[int]) -> SyncPolicy:
-        """The policy of the one server of an ungrouped scheme, over ``workers``."""
+        """The policy of the one server of an ungrouped scheme, over ``workers``.
+
+        With ``sync.balance = "steps"`` a worker's iteration is a whole period of its own local steps, so the
+        policy gates every iteration, as local SGD with H = 1 does.
+        """
+        if self.balance == "steps":
+            return LocalSGD(workers, 1)
         return build_policy(self.cfg.sync.scheme, workers, self.cfg.sync)
 
-    def balancer(self, workers: int) -> BatchBalancer | None:
-        """A fresh batch-size balancer (``sync.balance = "batch"``), or None when every worker uses data.batch_size."""
-        if self.cfg.sync.balance != "batch":
+    @property
+    def balance(self) -> str:
+        """``sync.balance``: "none", "batch" (batch sizes to speed), "steps" (local steps to speed) or "deadline"
+        (a bounded-time round)."""
+        return self.cfg.sync.balance
+
+    def balancer(self, workers: int) -> WorkBalancer | None:
+        """A fresh balancer of batch sizes or local steps (``sync.balance``), or None when the work is uniform."""
+        if self.balance == "none":
             return None
-        return BatchBalancer.from_config(workers, self.cfg.data.batch_size, self.cfg.balance)
+        per_worker = self.scheme.local_steps(self.cfg.sync) if self.balance == "steps" else self.cfg.data.batch_size
+        return WorkBalancer.from_config(workers, per_worker, self.cfg.balance, self.balance)
+
+    def compute_factor(self, units: int) -> float:
+        """A worker's compute time a round relative to one unbalanced batch, when it does ``units`` units of work."""
+        if self.balance == "batch":
+            return units / self.cfg.data.batch_size
+        return float(units) if self.balance == "steps" else 1.0
 
     # -- models and the server's step ----------------------------------------------
 
@@ -89,8 +108,9 @@ class Strategy:
 
     def aggregation_schedule(self) -> AggregationSchedule | None:
         """A fresh plan of which tensors are aggregated at which clock: local SGD's fixed one, SIM's measured one, or None."""
-        if self.scheme.local_steps is not None:
-            return PeriodicSchedule(len(self.layout), self.scheme.local_steps(self.cfg.sync))
+        if self.scheme.local_steps is not None:  # balanced steps: every iteration (a period) syncs
+            steps = 1 if self.balance == "steps" else self.scheme.local_steps(self.cfg.sync)
+            return PeriodicSchedule(len(self.layout), steps)
         sim = self.cfg.compression.similarity
         if not sim.enabled:
             return None

@@ -115,10 +115,17 @@ class Config(Section):
         if mode not in scheme.balance:
             able = ", ".join(name for name, e in SCHEMES.entries().items() if mode in e.item.balance)
             raise ValueError(f"sync.balance: {mode!r} sizes the work of synchronous rounds ({able}), not of {self.sync.scheme}")
-        low, high = self.balance.min_batch, self.balance.max_batch
-        if not low <= self.data.batch_size <= (high or self.data.batch_size):
-            raise ValueError(f"balance: data.batch_size = {self.data.batch_size} must lie within min_batch = {low} "
-                             f"and max_batch = {high}")
+        if mode == "deadline" and self.balance.micro_batch > self.data.batch_size:
+            raise ValueError(f"balance.micro_batch = {self.balance.micro_batch} is larger than data.batch_size = "
+                             f"{self.data.batch_size}")
+        if mode in ("batch", "deadline"):
+            low, high, name, value = self.balance.min_batch, self.balance.max_batch, "data.batch_size", self.data.batch_size
+        else:
+            low, high, value = self.balance.min_steps, self.balance.max_steps, scheme.local_steps(self.sync)
+            name = f"sync.{self.sync.scheme}.local_steps"
+        bounds = "min_steps and max_steps" if mode == "steps" else "min_batch and max_batch"
+        if not low <= value <= (high or value):
+            raise ValueError(f"balance: {name} = {value} must lie within {bounds} ({low} and {high})")
         if self.cluster.membership or self.network.aggregation == "ina" or self.backend.sim_checkpoint_every_s:
             raise ValueError("sync.balance: sizes are planned over a fixed set of workers on the server path or "
                              "all-reduce groups; not with cluster.membership, network.aggregation = \"ina\" or "

@@ -193,6 +193,10 @@ class BalanceConfig(Section):
 
     min_batch: int = Field(1, ge=1, description="sync.balance = \"batch\": the smallest batch a worker is given.")
     max_batch: int | None = Field(None, ge=1, description="sync.balance = \"batch\": the largest batch a worker is given (its memory limit); none = no limit.")
+    min_steps: int = Field(1, ge=1, description="sync.balance = \"steps\": the fewest local steps a worker takes between two averagings.")
+    max_steps: int | None = Field(None, ge=1, description="sync.balance = \"steps\": the most local steps a worker takes between two averagings; none = no limit.")
+    deadline: float = Field(1.0, gt=0, description="sync.balance = \"deadline\": a round's compute time limit, as a multiple of the median worker's profiled time for one data.batch_size batch (adapts as the profiles move; no limit until every worker is profiled).")
+    micro_batch: int = Field(8, ge=1, description="sync.balance = \"deadline\": a worker cut off by the deadline contributes the whole micro-batches of this many samples it finished.")
     tolerance: float = Field(0.05, ge=0, lt=1, description="Resize only when the predicted round gets at least this share faster (hysteresis: profile noise does not resize).")
     profile_iterations: int = Field(3, ge=1, description="Iterations each worker is measured at the configured batch before the first resize.")
     profile_window: int = Field(20, ge=1, description="A worker's speed is the 20th percentile of its last this many seconds-per-sample: a slow spell shorter than four fifths of the window does not resize, a sustained change does.")

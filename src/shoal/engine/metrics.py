@@ -58,7 +58,8 @@ class RunRecorder:
             self.listener(kind, fields)
 
     def iteration(self, **fields: Any) -> None:
-        self.iterations += 1
+        """One worker iteration (``steps``: a period of that many local steps, sync.balance = "steps")."""
+        self.iterations += int(fields.get("steps", 1))
         if self.log_iterations:
             self.event("iteration", **fields)
         elif self.listener is not None:

@@ -1,21 +1,24 @@
-"""Work sized to speed (``sync.balance``): per-worker batch sizes, pure.
+"""Work sized to speed (``sync.balance``): per-worker batch sizes or local steps, pure.
 
 Heterogeneity remedies that report large wins on mixed hardware (Cannikin,
 OmniLearn, Poplar, HexiScale) do not let slow workers fall behind as GSSP
 does: they give each worker work in proportion to its speed, so that a
-synchronous round ends for everyone at once. ``BatchBalancer`` does that for
-batch sizes: it profiles every worker's seconds per sample with GSSP's own
-profiler (a low quantile of a recent window, which a transient slow spell
-does not move) and splits each group's global batch into integer sizes in
-proportion to the measured speeds, within ``balance.min_batch`` and
-``balance.max_batch``. It resizes only when the predicted round time drops
+synchronous round ends for everyone at once. ``WorkBalancer`` does that for
+any unit of work: samples of a batch (``sync.balance = "batch"``), or local
+steps between two averagings (``"steps"``: local SGD, DiLoCo, as DyLU and
+asynchronous local-SGD size them). It profiles every worker's seconds per
+unit with GSSP's own profiler (a low quantile of a recent window, which a
+transient slow spell does not move) and splits each group's units a round
+into integers in proportion to the measured speeds, within the bounds of
+``[balance]``. It resizes only when the predicted round time drops
 by more than ``balance.tolerance`` (hysteresis: noise does not resize), and
 only when asked (``rebalance``): the backends ask at the end of a round, so
 every member of a round computes with sizes that sum to the global batch.
 
-A worker's gradient is the mean over its own batch; ``scale`` is what it is
-multiplied by so that the usual ``1/N`` sum of a round is the mean over the
-global batch (``size * N / sum(sizes)``). No clocks here: the ``sim`` and
+A worker's gradient is the mean over its own batch (its change, the sum of
+its own steps); ``scale`` is what it is multiplied by so that the usual
+``1/N`` sum of a round is weighted by samples (by steps):
+``size * N / sum(sizes)``. No clocks here: the ``sim`` and
 ``ray`` backends drive the same object.
 """
 
@@ -24,6 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+import numpy as np
 
 from shoal.cluster.grouping import IterationProfiler
 
@@ -74,32 +79,35 @@ def _water_fill(total: float, rates: Sequence[float], low: int, high: int) -> li
     return out
 
 
-class BatchBalancer:
-    """Each worker's batch size: its group's global batch split in proportion to its measured speed.
+class WorkBalancer:
+    """Each worker's units of work a round: its group's total split in proportion to its measured speed.
 
-    ``per_worker`` is ``data.batch_size``: a group of ``m`` workers shares
-    ``m * per_worker`` samples a round. Until every member of a group is
-    profiled (``warmup`` iterations each) its members use ``per_worker``.
+    ``per_worker`` is what every worker would do unbalanced (``data.batch_size``
+    samples, or H local steps): a group of ``m`` workers shares
+    ``m * per_worker`` units a round, each worker between ``low`` and
+    ``high``. Until every member of a group is profiled (``warmup``
+    iterations each) its members do ``per_worker``.
     """
 
-    def __init__(self, workers: int, per_worker: int, *, min_batch: int = 1, max_batch: int | None = None,
+    def __init__(self, workers: int, per_worker: int, *, low: int = 1, high: int | None = None,
                  tolerance: float = 0.05, warmup: int = 3, window: int = 20, quantile: float = 0.2) -> None:
-        if not min_batch <= per_worker <= (max_batch or per_worker):
-            raise ValueError(f"the batch size {per_worker} must lie within [{min_batch}, {max_batch}]")
-        self.per_worker, self.min_batch, self.max_batch = per_worker, min_batch, max_batch
+        if not low <= per_worker <= (high or per_worker):
+            raise ValueError(f"the unbalanced amount {per_worker} must lie within [{low}, {high}]")
+        self.per_worker, self.low, self.high = per_worker, low, high
         self.tolerance = tolerance
         self.profiler = IterationProfiler(workers, warmup=warmup, window=window, quantile=quantile)
         self.sizes: list[int] = [per_worker] * workers
 
     @classmethod
-    def from_config(cls, workers: int, per_worker: int, options: Any) -> "BatchBalancer":
-        """From the ``[balance]`` section."""
-        return cls(workers, per_worker, min_batch=options.min_batch, max_batch=options.max_batch,
-                   tolerance=options.tolerance, warmup=options.profile_iterations, window=options.profile_window)
+    def from_config(cls, workers: int, per_worker: int, options: Any, unit: str) -> "WorkBalancer":
+        """From the ``[balance]`` section, for ``unit`` "batch" or "deadline" (samples) or "steps" (local steps)."""
+        low, high = (options.min_steps, options.max_steps) if unit == "steps" else (options.min_batch, options.max_batch)
+        return cls(workers, per_worker, low=low, high=high, tolerance=options.tolerance,
+                   warmup=options.profile_iterations, window=options.profile_window)
 
-    def observe(self, worker: int, compute_s: float, samples: int) -> None:
-        """One iteration of ``worker``: ``compute_s`` seconds of compute on ``samples`` samples."""
-        self.profiler.observe(worker, compute_s / max(1, samples))
+    def observe(self, worker: int, compute_s: float, units: int) -> None:
+        """One iteration of ``worker``: ``compute_s`` seconds of compute on ``units`` units of work."""
+        self.profiler.observe(worker, compute_s / max(1, units))
 
     def add(self) -> int:
         """One more worker (a joiner) at the configured size until the next rebalance; returns its id."""
@@ -115,15 +123,23 @@ class BatchBalancer:
         return self.sizes[worker] * len(members) / total if total else 1.0
 
     def round_s(self, members: Iterable[int], sizes: Sequence[int] | None = None) -> float:
-        """The predicted compute time of a round: its slowest member's (seconds per sample x batch)."""
+        """The predicted compute time of a round: its slowest member's (seconds per unit x units)."""
         members = list(members)
         sizes = [self.sizes[w] for w in members] if sizes is None else sizes
         return max(self.profiler.time(w) * b for w, b in zip(members, sizes))
 
+    def deadline(self, members: Iterable[int], factor: float) -> float:
+        """sync.balance = "deadline": ``factor`` times the median member's profiled time for a plain batch
+        (``per_worker`` units); infinite until every member is profiled."""
+        members = list(members)
+        if not members or not all(self.profiler.profiled(w) for w in members):
+            return math.inf
+        return factor * float(np.median([self.profiler.time(w) for w in members])) * self.per_worker
+
     def proposal(self, members: Sequence[int]) -> list[int]:
         """The sizes the current profiles ask for (members' order)."""
         rates = [1.0 / max(self.profiler.time(w), 1e-12) for w in members]
-        return proportional_split(len(members) * self.per_worker, rates, self.min_batch, self.max_batch)
+        return proportional_split(len(members) * self.per_worker, rates, self.low, self.high)
 
     def rebalance(self, members: Iterable[int]) -> bool:
         """Resize ``members`` (one group) if every one is profiled and the round gets ``tolerance`` faster.

@@ -90,12 +90,12 @@ class PeriodicSchedule:
 
 
 register_scheme(SchemeSpec("localsgd", policy=lambda workers, sync: LocalSGD(workers, sync.localsgd.local_steps),
-                           local_steps=lambda sync: sync.localsgd.local_steps, color="#9467bd", balance=("batch",),
+                           local_steps=lambda sync: sync.localsgd.local_steps, color="#9467bd", balance=("batch", "steps"),
                            grid=(("sync.localsgd.local_steps", (2, 8, 32)),)),
                 "local SGD: workers step their own models and average them every sync.localsgd.local_steps")
 register_scheme(SchemeSpec("diloco", policy=lambda workers, sync: LocalSGD(workers, sync.diloco.local_steps),
                            local_steps=lambda sync: sync.diloco.local_steps,
                            outer=lambda sync: (sync.diloco.outer_lr, sync.diloco.outer_momentum), color="#8c564b",
-                           balance=("batch",),
+                           balance=("batch", "steps"),
                            grid=(("sync.diloco.outer_lr", (0.4, 0.7, 1.0)),)),
                 "DiLoCo: local steps, then an outer Nesterov step on the averaged change")

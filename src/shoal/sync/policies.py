@@ -155,7 +155,7 @@ def make_policy(scheme: str, workers: Iterable[int], staleness: int = 3, local_s
 
 
 register_scheme(SchemeSpec("bsp", policy=lambda workers, sync: BSP(workers), allreduce=True, ina=True, color="#1f77b4",
-                           balance=("batch",)),
+                           balance=("batch", "deadline")),
                 "bulk-synchronous: every round waits for every worker, then applies the mean gradient")
 register_scheme(SchemeSpec("asp", policy=lambda workers, sync: ASP(workers), color="#ff7f0e"),
                 "asynchronous: nobody waits, every gradient is applied as it arrives")

@@ -38,7 +38,7 @@ from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
 from shoal.config import OptimizerConfig
 from shoal.engine.replica import Replica
 from shoal.sync import PeriodicSchedule, SyncPolicy
-from shoal.sync.balance import BatchBalancer
+from shoal.sync.balance import WorkBalancer
 from shoal.sync.policies import PacedSSP
 
 
@@ -47,7 +47,7 @@ class GroupServer:
 
     def __init__(self, index: int, opt: OptimizerConfig, weight: float, exchange_every: int, peer_link: Link,
                  torch_threads: int = 1, outer: tuple[float, float] | None = None,
-                 balancer: BatchBalancer | None = None) -> None:
+                 balancer: WorkBalancer | None = None) -> None:
         """``balancer``: sync.balance = "batch", this server's own copy (it profiles and sizes its members)."""
         quiet_readonly_numpy()
         torch.set_num_threads(torch_threads)

@@ -96,6 +96,8 @@ def validate(cfg: Config) -> None:
         if not torch.cuda.is_available():  # local workers run this torch: they would silently compute on the CPU
             raise ConfigError(f"backend.gpus_per_worker = {cfg.backend.gpus_per_worker:g}: this machine's torch "
                               f"({torch.__version__}) sees no CUDA device; use 0, or a CUDA build on a GPU machine")
+    if cfg.sync.balance in ("steps", "deadline"):
+        raise ConfigError(f"sync.balance: {cfg.sync.balance!r} runs on sim only so far; use \"batch\" on ray")
     if cfg.sync.balance != "none" and cfg.sync.intra_group == "allreduce":
         raise ConfigError("sync.balance: on ray, batch sizes are planned by the (group) server; all-reduce groups "
                           "run balanced on sim only so far: use sync.intra_group = \"server\"")

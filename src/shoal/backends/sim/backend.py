@@ -64,7 +64,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
         self.stats = [WorkerStats(id=w, group=0, speed=self.speeds[w]) for w in range(n)]
         self.departed: set[int] = set()  # workers that left (cluster.membership)
         self.gssp = self.strategy.coordinator(n)
-        self.balancer = self.strategy.balancer(n)  # sync.balance = "batch": each worker's batch size
+        self.balancer = self.strategy.balancer(n)  # sync.balance: each worker's batch size or local steps
         policy = self.gssp.policy(0) if self.gssp else self.strategy.policy(range(n))
         self.slices = [slice(s.offset, s.offset + s.numel) for s in setup.engine.layout]
         self.lr = self.cfg.optimizer.lr
@@ -160,9 +160,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
                 yield server.egress.transfer(pulled.nbytes, profile.link_bps)
             pull_s = self.env.now - t1
 
-            batch = self._batch(w)
-            compute = profile.compute_s * self.speeds[w] * self.stragglers.factor(w) * batch / self.cfg.data.batch_size
-            push, loss = self._compute(w, pulled, batch)
+            work, compute = self._plan_work(w, profile.compute_s * self.speeds[w] * self.stragglers.factor(w))
+            push, loss = self._compute(w, pulled, work)
             yield self.env.timeout(compute)
             if w in self.departed:
                 return
@@ -186,7 +185,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
             target = self.server_of(w)  # a regroup may have moved this worker while it computed
             self._deliver(w, target, push, staleness=target.version - pulled_version if target is server else None,
                           waited=waited, compute=compute, pull_s=pull_s, push_s=push_s, loss=loss,
-                          down_bytes=ring_bytes if self.allreduce else pulled.nbytes, batch=batch)
+                          down_bytes=ring_bytes if self.allreduce else pulled.nbytes, work=work)
 
     def _ring(self, w: int) -> tuple[int, float]:
         """Bytes each member sends and seconds of the ring all-reduce of ``w``'s group (its members now)."""
@@ -197,20 +196,21 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
 
     def _deliver(self, w: int, server: SimServer, push: Push, *, staleness: int | None, waited: float,
                  compute: float, pull_s: float, push_s: float, loss: float | None, down_bytes: int,
-                 batch: int) -> None:
+                 work: int) -> None:
         """The server takes the push; record it; let GSSP react (exchange, split, regroup)."""
         comm = pull_s + push_s
         due = self._checkpoint_due()
         waiting = server.waiting() if due else []
         applied = server.receive(w, push)
-        self._account(w, waited, compute, comm, push.nbytes, down_bytes)
+        steps = work if self.strategy.balance == "steps" else 1  # an iteration of balanced steps is a whole period
+        self._account(w, waited, compute, comm, push.nbytes, down_bytes, steps)
         self.recorder.iteration(
             t=self.env.now, worker=w, group=self.stats[w].group, clock=server.policy.clocks[w],
             staleness=staleness, compute_s=compute, wait_s=waited, comm_s=comm, pull_s=pull_s, loss=loss,
-            **({"batch": batch} if self.balancer else {}),
+            **({"steps" if self.strategy.balance == "steps" else "batch": work} if self.balancer else {}),
         )
         if self.balancer is not None:
-            self._balance(w, server, applied, compute, batch)
+            self._balance(w, server, applied, compute, work)
         for clock in server.finish_measurements():
             self.recorder.event("sim", t=self.env.now, group=self.servers.index(server), clock=clock,
                                 **server.schedule.state())
@@ -221,7 +221,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
         if self.cfg.optimizer.lr_decay_epochs:
             self._decay_lr()
         every = self.cfg.run.eval_every_iterations
-        if every and self.recorder.iterations % every == 0 and not self.stop.triggered:
+        if every and self.recorder.iterations >= self._next_eval_iterations() and not self.stop.triggered:
             self._evaluate()
         if self.cfg.run.max_iterations and self.recorder.iterations >= self.cfg.run.max_iterations:
             self._finish("iteration_budget")
@@ -249,9 +249,32 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
         """Batch-norm values a SIM transfer carries: every time, or (local SGD) only with a sync."""
         return 0 if schedule.periodic and not any(moved) else self.setup.num_buffer_values
 
-    def _batch(self, w: int) -> int:
-        """``w``'s batch size now: data.batch_size, or its share of its group's global batch (sync.balance)."""
-        return self.balancer.size(w) if self.balancer is not None else self.cfg.data.batch_size
+    def _next_eval_iterations(self) -> int:
+        """run.eval_every_iterations: the next multiple after the last one evaluated at (balanced steps count
+        several iterations at once, so a multiple may be stepped over)."""
+        every = self.cfg.run.eval_every_iterations
+        done = self.recorder.evals[-1]["iterations"] if self.recorder.evals else 0
+        return (done // every + 1) * every
+
+    def _plan_work(self, w: int, batch_s: float) -> tuple[int, float]:
+        """``w``'s work this iteration and its compute seconds, when one plain batch takes it ``batch_s``.
+
+        The work is its batch size (sync.balance = "batch"), its local steps
+        ("steps"), the samples it completes before the round's deadline
+        ("deadline": whole micro-batches, the rest of its batch dropped), or
+        data.batch_size.
+        """
+        if self.balancer is None:
+            return self.cfg.data.batch_size, batch_s
+        if self.strategy.balance != "deadline":
+            work = self.balancer.size(w)
+            return work, batch_s * self.strategy.compute_factor(work)
+        deadline = self.balancer.deadline(self._members(self.server_of(w)), self.cfg.balance.deadline)
+        if batch_s <= deadline:
+            return self.cfg.data.batch_size, batch_s
+        micro = self.cfg.balance.micro_batch
+        done = int(deadline / (batch_s * micro / self.cfg.data.batch_size)) * micro
+        return min(done, self.cfg.data.batch_size), deadline
 
     def _members(self, server: SimServer) -> list[int]:
         """The workers whose rounds ``server`` gates (a GSSP group, or everyone still present)."""
@@ -261,22 +284,30 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
         """What ``w``'s mean gradient is multiplied by so a round's 1/N sum is the mean over its global batch."""
         return 1.0 if self.balancer is None else self.balancer.scale(w, self._members(self.server_of(w)))
 
-    def _balance(self, w: int, server: SimServer, applied: int, compute: float, batch: int) -> None:
-        """Profile ``w``'s seconds per sample; at the end of a round, resize its group if that pays."""
+    def _balance(self, w: int, server: SimServer, applied: int, compute: float, work: int) -> None:
+        """Profile ``w``'s seconds per unit of work; at the end of a round, resize its group if that pays."""
         assert self.balancer is not None
-        self.balancer.observe(w, compute, batch)
+        if self.strategy.balance == "deadline":  # nothing to resize: the deadline follows the profiles by itself
+            if work == self.cfg.data.batch_size:  # a cut-off batch tells only how slow it was at least
+                self.balancer.observe(w, compute, work)
+            return
+        self.balancer.observe(w, compute, work)
         members = self._members(server)
         if applied and self.balancer.rebalance(members):
             self.recorder.event("balance", t=self.env.now, group=self.servers.index(server),
                                 sizes={str(m): self.balancer.size(m) for m in members})
 
-    def _compute(self, w: int, pulled: Pulled, batch: int) -> tuple[Push, float | None]:
+    def _compute(self, w: int, pulled: Pulled, work: int) -> tuple[Push, float | None]:
         """The worker's push: real (compressed) gradient in train mode, sizes only in cost mode."""
         buffer_bytes = 4 * self.setup.num_buffer_values
         if pulled.params is None:
             grad_bytes = self.codecs[w].nominal_bytes(self.density(w)) if self.codecs else 4 * self.setup.engine.num_params
             return Push(None, None, grad_bytes + buffer_bytes), None
-        x, y = self.setup.streams[w].next(batch)
+        if self.strategy.balance == "steps":
+            return self._period_push(w, pulled, work)
+        if self.strategy.balance == "deadline":
+            return self._deadline_push(w, pulled, work)
+        x, y = self.setup.streams[w].next(work if self.strategy.balance == "batch" else None)
         grad, buffer_delta, loss = self.setup.engine.gradient(pulled.params, pulled.buffers, x, y)
         if pulled.plan is not None:
             return self._sim_push(w, pulled, grad, buffer_delta), round(loss, 6)
@@ -303,6 +334,31 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
                                                    delta_mask)
         nbytes = grad_bytes + delta_bytes + 4 * self._buffer_values(self.server_of(w).schedule, pulled.plan)
         return Push(sent_grad, buffer_delta, nbytes, sent_delta, grad_mask, delta_mask, pulled.clock)
+
+    def _deadline_push(self, w: int, pulled: Pulled, samples: int) -> tuple[Push, float | None]:
+        """sync.balance = "deadline": the mean gradient of the samples done in time; the server weighs it by them.
+        A worker that finished no micro-batch sends nothing and counts for nothing in the round."""
+        if samples == 0:
+            return Push(torch.zeros_like(pulled.params), None, 0, samples=0), None
+        x, y = self.setup.streams[w].next(samples)
+        grad, buffer_delta, loss = self.setup.engine.gradient(pulled.params, pulled.buffers, x, y)
+        return Push(grad, buffer_delta, 4 * (grad.numel() + self.setup.num_buffer_values), samples=samples), round(loss, 6)
+
+    def _period_push(self, w: int, pulled: Pulled, steps: int) -> tuple[Push, float]:
+        """sync.balance = "steps": ``steps`` local steps from the pulled model, then the change, weighted by steps."""
+        local = self.locals[w]
+        losses = []
+        for _ in range(steps):
+            x, y = self.setup.streams[w].next()
+            grad, buffer_delta, loss = self.setup.engine.gradient(local.params, pulled.buffers, x, y)
+            local.step(grad)
+            losses.append(loss)
+        everything = (True,) * len(self.slices)
+        change = local.change() * self._scale(w)
+        sent, nbytes = self._encode(self.delta_codecs, w, change, everything)
+        push = Push(None, buffer_delta, nbytes + 4 * self.setup.num_buffer_values, sent, (False,) * len(self.slices),
+                    everything, pulled.clock)
+        return push, round(sum(losses) / len(losses), 6)
 
     def _encode(self, codecs: list[GradientCodec], w: int, vector: torch.Tensor,
                 send: tuple[bool, ...]) -> tuple[torch.Tensor, int]:
@@ -332,9 +388,10 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints):
             local.set_lr(lr)
         self.recorder.event("lr_decay", t=self.env.now, epoch=round(self.epoch(), 4), lr=lr)
 
-    def _account(self, w: int, waited: float, compute: float, comm: float, up_bytes: int, down_bytes: int) -> None:
+    def _account(self, w: int, waited: float, compute: float, comm: float, up_bytes: int, down_bytes: int,
+                 steps: int = 1) -> None:
         stats = self.stats[w]
-        stats.iterations += 1
+        stats.iterations += steps
         stats.wait_s += waited
         stats.compute_s += compute
         stats.comm_s += comm

@@ -38,6 +38,7 @@ class Push:
     grad_mask: tuple[bool, ...] | None = None
     delta_mask: tuple[bool, ...] | None = None
     clock: int = 0
+    samples: int | None = None  # sync.balance = "deadline": the samples this gradient is the mean of (weighed by)
 
 
 @dataclass
@@ -54,6 +55,17 @@ class Pulled:
     fresh: tuple[bool, ...] | None = None
     plan: tuple[bool, ...] | None = None
     clock: int = 0
+
+
+def weighed_by_samples(pushes: list[Push]) -> list[torch.Tensor]:
+    """The pushes' gradients, each scaled so that their 1/N sum is the mean over all their samples (pushes that
+    say how many they hold, sync.balance = "deadline"; the others as they are). Empty: no sample in the round."""
+    if all(p.samples is None for p in pushes):
+        return [p.grad for p in pushes]
+    total = sum(p.samples or 0 for p in pushes)
+    if total == 0:
+        return []
+    return [p.grad * ((p.samples or 0) * len(pushes) / total) for p in pushes]
 
 
 class SimServer:
@@ -123,10 +135,12 @@ class SimServer:
         if self.replica is None:
             return
         if self.schedule is None:
-            self.replica.apply([p.grad for p in pushes], self.weight)
+            grads = weighed_by_samples(pushes)
+            if grads:
+                self.replica.apply(grads, self.weight)
         else:
             self._apply_sim(pushes)
-        self.replica.add_buffer_deltas([p.buffer_delta for p in pushes], self.weight)
+        self.replica.add_buffer_deltas([p.buffer_delta for p in pushes if p.buffer_delta is not None], self.weight)
 
     def _apply_sim(self, pushes: list[Push]) -> None:
         """SIM: one step on the gradient tensors, average in the local changes, measure similarity."""
