@@ -179,6 +179,13 @@ def test_a_bounded_time_round_never_computes_past_its_deadline_and_weighs_what_w
     assert backend.recorder.evals[-1]["accuracy"] > 0.5
 
 
+def test_a_bounded_time_round_compresses_what_it_sends():
+    backend, events = run_sim("cluster.workers=8", "cluster.speeds=[1,1,2,2,4,4,8,8]", "sync.balance=deadline",
+                              "compression.method=topk", "compression.density=0.1", "run.max_iterations=200")
+    assert any(e["batch"] < 32 for e in events if e["event"] == "iteration")
+    assert backend.recorder.bytes_up < 0.3 * 200 * 4 * backend.setup.engine.num_params
+
+
 def test_weighing_by_samples_makes_a_round_the_mean_over_its_samples():
     from shoal.backends.sim.server import Push, weighed_by_samples
 
@@ -216,6 +223,7 @@ def test_a_balanced_tiered_bsp_round_takes_less_virtual_time():
     (["sync.balance=batch", "network.aggregation=ina"], "sync.balance: sizes are planned over a fixed set"),
     (["sync.balance=steps"], "sync.balance: 'steps' sizes the work of synchronous rounds \\(diloco, localsgd\\)"),
     (["sync.balance=deadline", "sync.scheme=gssp"], "sync.balance: 'deadline'"),
+    (["sync.balance=deadline", "compression.similarity.enabled=true"], "a deadline round sends whole gradients"),
     (["sync.balance=deadline", "balance.micro_batch=64"], "balance.micro_batch = 64 is larger than data.batch_size"),
     (["sync.scheme=localsgd", "sync.balance=steps", "balance.max_steps=4"], "sync.localsgd.local_steps = 8 must lie"),
 ])

@@ -187,7 +187,7 @@ def test_compare_writes_rows_plots_and_report(compared):
 def test_bad_scheme_is_one_line_exit_2_and_writes_nothing(tmp_path):
     result = shoal("compare", *_sets(), "--schemes", "bsp,gssp+warp", "--out", str(tmp_path / "c"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    modifiers = ["sim", "balance", *COMPRESSORS.names(), "ina", *(f"ina-{p}" for p in PLANNERS.names())]
+    modifiers = ["sim", "balance", "balance-steps", "balance-deadline", *COMPRESSORS.names(), "ina", *(f"ina-{p}" for p in PLANNERS.names())]
     assert {"dgc", "topk", "powersgd"} <= set(COMPRESSORS.names()) and {"grid", "atp", "rgria"} <= set(PLANNERS.names())
     assert result.stderr.strip().splitlines() == [
         f"error: --schemes: unknown modifier 'warp' in 'gssp+warp'; choose from {', '.join(modifiers)}"]

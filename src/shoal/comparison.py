@@ -237,9 +237,14 @@ def _train_quietly(cfg: Config, run_dir: Path) -> dict[str, Any]:
 
 
 def finished_summary(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
-    """The summary of a finished run in ``run_dir`` made with exactly ``cfg`` (None: it must run again)."""
+    """The summary of a finished run in ``run_dir`` made with exactly ``cfg`` (None: it must run again).
+
+    Its config.toml must say the same as ``cfg``: the same text, or the same
+    values once read (a run written before a key existed holds that key's
+    default, which is how the run behaved).
+    """
     try:
-        if (run_dir / "config.toml").read_text() != to_toml(cfg):
+        if not _same_config(run_dir / "config.toml", cfg):
             return None
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
@@ -247,6 +252,16 @@ def finished_summary(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
     if summary.get("stop_reason") in (None, "interrupted", "internal_error"):
         return None
     return summary
+
+
+def _same_config(path: Path, cfg: Config) -> bool:
+    text = path.read_text()
+    if text == to_toml(cfg):
+        return True
+    try:
+        return load_config(path).model_dump() == cfg.model_dump()
+    except ConfigError:
+        return False
 
 
 class RunsProgress:

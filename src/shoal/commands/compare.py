@@ -16,7 +16,7 @@ from shoal.report.schemes import bases
 
 # the compressors' names would import torch with the CLI; the modifiers are named by kind here
 SCHEMES_HELP = (f"Comma-separated specs base[+modifier...][@section.key=value...]: base {'|'.join(bases())}; "
-                "modifiers sim, balance (sync.balance = batch), any compression.method (topk, powersgd, ...), ina or ina-<network.algorithm>; "
+                "modifiers sim, balance, balance-steps, balance-deadline (sync.balance), any compression.method (topk, powersgd, ...), ina or ina-<network.algorithm>; "
                 "@ pins a value (kept out of --tune).")
 TUNE_HELP = ("Tune KEY over the values for every scheme, e.g. optimizer.lr=0.01,0.02,0.05 (repeatable: the grid is "
              "every combination); needs --tune-seeds. Each scheme keeps its best median time to target on the "

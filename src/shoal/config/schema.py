@@ -115,6 +115,8 @@ class Config(Section):
         if mode not in scheme.balance:
             able = ", ".join(name for name, e in SCHEMES.entries().items() if mode in e.item.balance)
             raise ValueError(f"sync.balance: {mode!r} sizes the work of synchronous rounds ({able}), not of {self.sync.scheme}")
+        if mode == "deadline" and self.compression.similarity.enabled:
+            raise ValueError("sync.balance: a deadline round sends whole gradients; SIM's partial ones do not fit it")
         if mode == "deadline" and self.balance.micro_batch > self.data.batch_size:
             raise ValueError(f"balance.micro_batch = {self.balance.micro_batch} is larger than data.batch_size = "
                              f"{self.data.batch_size}")

@@ -26,11 +26,13 @@ def bases() -> dict[str, tuple[str, ...]]:
 
 
 def modifiers() -> dict[str, tuple[str, ...]]:
-    """``sim``, ``balance`` (batch sizes to speed), every registered compressor, ``ina`` and ``ina-<planner>`` for
-    every registered planner."""
+    """``sim``, ``balance`` (batch sizes to speed), ``balance-steps`` (local steps to speed), ``balance-deadline``
+    (bounded-time rounds), every registered compressor, ``ina`` and ``ina-<planner>`` for every registered planner."""
     return {
         "sim": ("compression.similarity.enabled=true",),
         "balance": ("sync.balance=batch",),
+        "balance-steps": ("sync.balance=steps",),
+        "balance-deadline": ("sync.balance=deadline",),
         **{name: (f"compression.method={name}",) for name in COMPRESSORS},
         "ina": ("network.aggregation=ina",),
         **{f"ina-{algo}": ("network.aggregation=ina", f"network.algorithm={algo}") for algo in PLANNERS},

@@ -1,0 +1,129 @@
+"""Work sized to speed, measured under the held-out protocol (issue 39).
+
+Each study is one `shoal compare` with the development/evaluation seed
+protocol (docs/fair-comparison.md): the six baselines and GSSP of the
+evidence study with the same config, seeds and folder (benchmarks/evidence.py:
+their finished runs are kept, not rerun), plus the balanced schemes:
+balanced BSP (`bsp+balance`), a bounded-time BSP round
+(`bsp+balance-deadline`), GSSP with balanced batches inside its groups
+(`gssp+balance`) and DiLoCo with local steps sized to speed
+(`diloco+balance-steps`). Every scheme gets its own knobs' grid (3 points)
+on the development seeds; nobody is tuned on the evaluation seeds.
+
+Two questions are answered per study, on the evaluation seeds:
+
+- balanced BSP against plain BSP: the speed-up of median times to target
+  (bootstrap interval), the Mann-Whitney p-value and the final quality;
+- the best heterogeneity scheme against tuned ASP: which wins, with p.
+
+Usage:
+    .venv/bin/python benchmarks/balance.py STUDY [--jobs 2] [--seeds 10] [--tune-seeds 2] [--resume]
+    .venv/bin/python benchmarks/balance.py --list
+
+Results: benchmarks/results/balance-STUDY.{json,md}. The BN image studies
+need the batched simulator on a GPU (a ResNet-18 step costs 93 ms on this
+machine's CPU): they are listed, and run where one is lent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from evidence import LM, LOGNORMAL_16, SCHEMES, TIERS_16, markdown as evidence_markdown, strip
+from tuned import ROOT, provenance, write_results
+
+BALANCED = "bsp+balance,bsp+balance-deadline,gssp+balance,diloco+balance-steps"
+#: the heterogeneity remedies, one of which is "shoal's best" per study (the fastest median among them)
+REMEDIES = ("gssp", "gssp+balance", "bsp+balance", "bsp+balance-deadline", "diloco+balance-steps")
+SHAPES = {"config": "examples/shapes_bn.toml", "sets": ["run.max_time_s=400", "backend.log_iterations=false"]}
+
+STUDIES: dict[str, dict[str, Any]] = {
+    "lm-tiers": {**LM, "sets": LM["sets"] + [TIERS_16], "schemes": f"{SCHEMES},{BALANCED}", "folder": "lm-tiers-iid",
+                 "title": "byte transformer on the stdlib, 16 workers in four speed tiers (1x, 2x, 4x, 8x), IID"},
+    "lm-lognormal": {**LM, "sets": LM["sets"] + LOGNORMAL_16, "schemes": f"{SCHEMES},{BALANCED}",
+                     "folder": "lm-lognormal-iid",
+                     "title": "byte transformer on the stdlib, 16 lognormal workers (sigma 1), IID"},
+    "shapes-tiers": {**SHAPES, "sets": SHAPES["sets"] + [TIERS_16], "schemes": f"{SCHEMES},{BALANCED}",
+                     "folder": "shapes-tiers", "gpu": True,
+                     "title": "ResNet-18 (batch norm) on shapes, 16 workers in four speed tiers (GPU)"},
+    "shapes-lognormal": {**SHAPES, "sets": SHAPES["sets"] + LOGNORMAL_16, "schemes": f"{SCHEMES},{BALANCED}",
+                         "folder": "shapes-lognormal", "gpu": True,
+                         "title": "ResNet-18 (batch norm) on shapes, 16 lognormal workers (sigma 1) (GPU)"},
+}
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study", nargs="?", choices=sorted(STUDIES))
+    parser.add_argument("--list", action="store_true", help="list the studies")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds (>= 10 for a claim)")
+    parser.add_argument("--tune-seeds", type=int, default=2, help="development seeds")
+    parser.add_argument("--resume", action="store_true", help="keep the finished runs (the evidence study's too)")
+    args = parser.parse_args(argv)
+    if args.list or not args.study:
+        for name, study in STUDIES.items():
+            print(f"{name}: {study['title']}; runs in runs/evidence/{study['folder']}")
+        return
+    run_study(args.study, args.seeds, args.tune_seeds, args.jobs, args.resume)
+
+
+def run_study(name: str, seeds: int, tune_seeds: int, jobs: int, resume: bool) -> dict[str, Any]:
+    from shoal.comparison import run_comparison
+
+    study = STUDIES[name]
+    out = ROOT / "runs" / "evidence" / study["folder"]
+    result, _ = run_comparison(ROOT / study["config"], study["schemes"], seeds, list(study["sets"]), out,
+                               overwrite=False, quiet=False, tune=[], tune_seeds=tune_seeds, jobs=jobs, resume=resume)
+    answers = {"balanced_vs_bsp": pairwise(result, "bsp+balance", "bsp"),
+               "best_remedy_vs_asp": pairwise(result, best_remedy(result), "asp")}
+    record = {**provenance(), "study": name, "title": study["title"], "answers": answers, "compare": strip(result)}
+    write_results(f"balance-{name}", record, markdown(name, study, result, answers))
+    return record
+
+
+def best_remedy(result: dict[str, Any]) -> str:
+    """The heterogeneity remedy with the fastest median time to target (unreached counts as slowest)."""
+    rows = {r["scheme"]: r for r in result["rows"] if r["scheme"] in REMEDIES}
+    return min(rows, key=lambda s: (rows[s]["time_to_target_s"] is None, rows[s]["time_to_target_s"] or 0.0))
+
+
+def pairwise(result: dict[str, Any], mine: str, base: str) -> dict[str, Any]:
+    """``mine`` against ``base`` on the evaluation seeds: speed-up of medians with its interval, p, final quality."""
+    from shoal.report.tuning import mann_whitney, speedup_interval
+
+    rows = {r["scheme"]: r for r in result["rows"]}
+    times = {s: [seed["time_to_target_s"] for seed in rows[s]["seeds"]] for s in (mine, base)}
+    finals = {s: rows[s].get("final_metric", rows[s].get("final_accuracy")) for s in (mine, base)}
+    quality = None
+    if finals[mine] is not None and finals[base]:
+        quality = round((finals[mine] - finals[base]) / abs(finals[base]), 6)
+    return {"mine": mine, "base": base, "speedup": speedup_interval(times[base], times[mine]),
+            "p_value": mann_whitney(times[mine], times[base]), "final": finals,
+            "final_relative_change": quality, "times": times}
+
+
+def markdown(name: str, study: dict[str, Any], result: dict[str, Any], answers: dict[str, Any]) -> str:
+    lines = [evidence_markdown(name, study, result).replace("# Evidence:", "# Work sized to speed:", 1), ""]
+    for key, title in (("balanced_vs_bsp", "Balanced BSP against plain BSP"),
+                       ("best_remedy_vs_asp", "Shoal's best heterogeneity scheme against tuned ASP")):
+        a = answers[key]
+        sp, ci, p, change = a["speedup"]["value"], a["speedup"]["ci95"], a["p_value"], a["final_relative_change"]
+        speedup = "-" if sp is None else f"{sp:.2f}x"
+        interval = "" if not ci else f" (95% interval {_x(ci[0])}..{_x(ci[1])})"
+        p_text = "-" if p is None else f"{p:.3g}"
+        quality = "-" if change is None else f"{100 * change:+.2f}%"
+        mine, base = a["final"][a["mine"]], a["final"][a["base"]]
+        lines += [f"**{title}**: {a['mine']} vs {a['base']}: speed-up of medians {speedup}{interval}, "
+                  f"Mann-Whitney p = {p_text}; final quality {quality} ({mine} vs {base}).", ""]
+    return "\n".join(lines)
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
