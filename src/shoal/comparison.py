@@ -35,6 +35,14 @@ RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "model.safetensors"
 COMPARE_FILES = ("compare.json", "report.html")
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a comparison: what finished (plan index -> summary), and which runs were cut short."""
+
+    def __init__(self, plan: list["PlannedRun"], finished: dict[int, dict[str, Any]], cut: list[int]) -> None:
+        super().__init__("interrupted")
+        self.plan, self.finished, self.cut = plan, finished, cut
+
+
 @dataclass(frozen=True)
 class PlannedRun:
     """One training of the comparison: a scheme, a seed, its validated config and its folder (relative to --out)."""
@@ -67,14 +75,18 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
     make_out_dir(out)
     command = command or command_line(config, schemes, seeds, overrides, None, out, tune, tune_seeds, own_knobs)
     total = len(plan) + (len(eval_dirs) if protocol.tune_seeds else 0)
-    with RunsProgress(total, quiet) as progress:
-        summaries = execute(plan, out, progress, jobs, resume)
-        tuning: list[tuple[PlannedRun, dict[str, Any]]] = []
-        if protocol.tune_seeds:
-            tuning = list(zip(plan, summaries))
-            plan = [run for s in parsed for run in evaluation_runs(config, s, protocol, overrides,
-                                                                   chosen_point(tuning, s.name), base_seed)]
+    tuning: list[tuple[PlannedRun, dict[str, Any]]] = []
+    try:
+        with RunsProgress(total, quiet) as progress:
             summaries = execute(plan, out, progress, jobs, resume)
+            if protocol.tune_seeds:
+                tuning = list(zip(plan, summaries))
+                plan = [run for s in parsed for run in evaluation_runs(config, s, protocol, overrides,
+                                                                       chosen_point(tuning, s.name), base_seed)]
+                summaries = execute(plan, out, progress, jobs, resume)
+    except Interrupted as stop:
+        _write_interrupted(out, stop, protocol, command, tuning, base_seed, parsed)
+        raise
     result = build_compare(plan, summaries, protocol, command, tuning, base_seed, parsed)
     from shoal.engine.metrics import write_json_atomic
     from shoal.report.html import write_report
@@ -85,6 +97,26 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
     for warning in result["warnings"] if not quiet else []:
         console.print(f"[yellow]warning:[/] resolution: {warning}")
     return result, report
+
+
+def _write_interrupted(out: Path, stop: Interrupted, protocol: Protocol, command: str,
+                       tuning: list[tuple["PlannedRun", dict[str, Any]]], base_seed: int, parsed: list[Scheme]) -> None:
+    """compare.json of an interrupted comparison: the rows of the runs that finished, marked ``interrupted``
+    (no report: its rows would compare unequal numbers of seeds). ``--resume`` goes on from here."""
+    from shoal.engine.metrics import write_json_atomic
+
+    done = sorted(stop.finished)
+    cut = {stop.plan[i].scheme for i in stop.cut} | {p.scheme for i, p in enumerate(stop.plan) if i not in done}
+    result: dict[str, Any] = {"command": command, "interrupted": True, "rows": []}
+    if done:
+        result = build_compare([stop.plan[i] for i in done], [stop.finished[i] for i in done], protocol, command,
+                               tuning, base_seed, [s for s in parsed if any(stop.plan[i].scheme == s.name for i in done)])
+        result["interrupted"] = True
+    for row in result["rows"]:
+        row["interrupted"] = row["scheme"] in cut
+    result["interrupted_runs"] = [stop.plan[i].run_dir for i in stop.cut]
+    result["runs_finished"], result["runs_planned"] = len(done), len(stop.plan)
+    write_json_atomic(out / "compare.json", result)
 
 
 def plan_runs(config: Path | None, schemes: list[Scheme], protocol: Protocol | int, overrides: list[str],
@@ -214,19 +246,51 @@ def execute(plan: list[PlannedRun], out: Path, progress: "RunsProgress", jobs: i
     if jobs <= 1:
         for i in todo:
             progress.begin(plan[i])
-            summaries[i] = train(plan[i].cfg, out / plan[i].run_dir, overwrite=True, progress=progress.tick)
+            try:
+                summaries[i] = train(plan[i].cfg, out / plan[i].run_dir, overwrite=True, progress=progress.tick)
+            except KeyboardInterrupt:  # before the run's own loop caught it (setting up, writing)
+                raise Interrupted(plan, summaries, [i]) from None
+            _stop_if_interrupted(plan, summaries, i)
             progress.end(plan[i], summaries[i])
     else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(_train_quietly, plan[i].cfg, out / plan[i].run_dir): i for i in todo}
-            for future in as_completed(futures):
-                i = futures[future]
-                summaries[i] = future.result()
-                progress.end(plan[i], summaries[i])
+        _execute_in_processes(plan, out, progress, jobs, todo, summaries)
     return [summaries[i] for i in range(len(plan))]
+
+
+def _execute_in_processes(plan: list[PlannedRun], out: Path, progress: "RunsProgress", jobs: int, todo: list[int],
+                          summaries: dict[int, dict[str, Any]]) -> None:
+    """``jobs`` runs at a time. Ctrl-C reaches every process of the terminal's group: the runs in flight end as
+    interrupted, the queued ones are cancelled, and the comparison stops."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    futures = {pool.submit(_train_quietly, plan[i].cfg, out / plan[i].run_dir): i for i in todo}
+    try:
+        for future in as_completed(futures):
+            i = futures[future]
+            summaries[i] = future.result()
+            _stop_if_interrupted(plan, summaries, i)
+            progress.end(plan[i], summaries[i])
+    except KeyboardInterrupt:
+        pool.shutdown(wait=True, cancel_futures=True)
+        cut = [i for f, i in futures.items() if f.done() and not f.cancelled() and f.exception() is None
+               and f.result().get("stop_reason") == "interrupted"]
+        for f, i in futures.items():
+            if f.done() and not f.cancelled() and f.exception() is None and i not in cut:
+                summaries.setdefault(i, f.result())
+        for i in cut:
+            summaries.pop(i, None)
+        raise Interrupted(plan, summaries, cut) from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _stop_if_interrupted(plan: list[PlannedRun], summaries: dict[int, dict[str, Any]], i: int) -> None:
+    """A run that ended by Ctrl-C stops the whole comparison; it is not counted as finished."""
+    if summaries[i].get("stop_reason") == "interrupted":
+        del summaries[i]
+        raise Interrupted(plan, summaries, [i])
 
 
 def _train_quietly(cfg: Config, run_dir: Path) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shoal.commands.common import user_errors_exit_2
-from shoal.comparison import command_line, run_comparison
+from shoal.comparison import Interrupted, command_line, run_comparison
 from shoal.report.schemes import bases
 
 # the compressors' names would import torch with the CLI; the modifiers are named by kind here
@@ -51,10 +51,17 @@ def compare(
     """Compare schemes (e.g. bsp,ssp,gssp,gssp+gdtopk) on one config and write an HTML report with plots."""
     overrides = list(set_) + ([f"backend.name={backend}"] if backend else [])
     out = out or Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
-    result, report = run_comparison(config, schemes, seeds, overrides, out, overwrite, quiet, tune,
-                                    command=command_line(config, schemes, seeds, set_, backend, out, tune, tune_seeds,
-                                                         own_knobs),
-                                    tune_seeds=tune_seeds, own_knobs=own_knobs, jobs=jobs, resume=resume)
+    try:
+        result, report = run_comparison(config, schemes, seeds, overrides, out, overwrite, quiet, tune,
+                                        command=command_line(config, schemes, seeds, set_, backend, out, tune,
+                                                             tune_seeds, own_knobs),
+                                        tune_seeds=tune_seeds, own_knobs=own_knobs, jobs=jobs, resume=resume)
+    except Interrupted as stop:
+        cut = ", ".join(stop.plan[i].run_dir for i in stop.cut) or "none in flight"
+        typer.echo(f"interrupted: {len(stop.finished)} of {len(stop.plan)} runs of this phase finished; cut short: "
+                   f"{cut}; {out}/compare.json lists what finished, marked interrupted (no report); add --resume to "
+                   "go on where it stopped", err=True)
+        raise typer.Exit(130) from None
     if not quiet:
         print_table(result, report)
 

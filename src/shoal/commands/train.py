@@ -16,6 +16,9 @@ from shoal.config import load_config
 
 console = Console(stderr=True)
 
+#: the exit code of a run that diverged (docs/getting-started.md): not 0, and apart from bad input (2) and bugs (1)
+DIVERGED_EXIT = 3
+
 
 @user_errors_exit_2
 def train(
@@ -44,6 +47,11 @@ def train(
         _print_summary(summary, out)
     if summary.get("stop_reason") == "interrupted":
         raise typer.Exit(130)
+    if summary.get("stop_reason") == "diverged":
+        typer.echo(f"error: the run diverged: its loss stopped being finite at {summary['elapsed_s']:.2f} s "
+                   f"({summary['backend']} time) after {summary['iterations']} iterations; try a lower optimizer.lr "
+                   f"(now {cfg.optimizer.lr:g}); what it wrote is in {out}", err=True)
+        raise typer.Exit(DIVERGED_EXIT)
 
 
 def _print_summary(summary: dict[str, Any], out: Path) -> None:
