@@ -213,3 +213,22 @@ def test_a_plugin_scheme_is_a_compare_base(tmp_path):
     assert [r["sync_scheme"] for r in rows] == ["ssp", QSSP, "bsp"]
     assert (out / "bsp+Int8Quantizer" / "summary.json").is_file()
     assert rows[1]["iterations"] > rows[0]["iterations"]  # nobody waits for the slowest
+
+
+def test_a_plugin_path_in_a_config_file_is_relative_to_that_file_not_to_the_working_directory(tmp_path, monkeypatch):
+    """plug/my.toml names plug/my_model.py as "python:my_model.py:build"; read from another folder it still loads,
+    while a --set override stays relative to the working directory."""
+    from shoal.config import ConfigError, load_config
+
+    plug = tmp_path / "plug"
+    plug.mkdir()
+    (plug / "my_model.py").write_text("from torch import nn\ndef build(input_shape, num_classes):\n"
+                                      "    return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))\n")
+    (plug / "my.toml").write_text('[model]\nname = "python:my_model.py:build"\n[data]\nname = "digits"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(Path("../plug/my.toml"))
+    assert cfg.model.name == f"python:{plug / 'my_model.py'}:build"
+    with pytest.raises(ConfigError, match="my_model.py not found"):
+        load_config(Path("../plug/my.toml"), ['model.name="python:my_model.py:build"'])

@@ -1,8 +1,9 @@
 """A user's own code by import path: ``python:FILE.py:FUNCTION`` or ``python:package.module:FUNCTION``.
 
 ``model.name``, ``data.name``, ``task.loss`` and ``task.metric`` accept such
-a spec. A file path is resolved against the working directory when the
-config is read and stored absolute, so every process of a run (ray workers
+a spec. A relative file path is resolved against the config file's folder
+(``config.files.anchor_plugin_files``; in a ``--set`` override, the working
+directory) when the config is read and stored absolute, so every process of a run (ray workers
 included) loads the same file; a module path is imported with the working
 directory on ``sys.path``, as ``python -m`` would. Anything that goes wrong
 is one ``ConfigError`` naming the plug-in.

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from shoal.config.schema import Config
 from shoal.errors import ConfigError
+from shoal.registry import PLUGIN_PREFIX
 
 
 def _format_error(err: ValidationError, source: str) -> str:
@@ -140,7 +141,23 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             data = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{path}: not valid TOML: {err}") from None
+        data = anchor_plugin_files(data, path.parent)
     return build_config(apply_overrides(data, overrides or []), source)
+
+
+def anchor_plugin_files(value: Any, folder: Path) -> Any:
+    """Every ``python:FILE.py:NAME`` spec of a config file with a relative FILE, made relative to the file's
+    ``folder``: a config and its plug-ins move together, whatever the working directory (``--set`` values stay
+    relative to the working directory)."""
+    if isinstance(value, dict):
+        return {k: anchor_plugin_files(v, folder) for k, v in value.items()}
+    if isinstance(value, list):
+        return [anchor_plugin_files(v, folder) for v in value]
+    if isinstance(value, str) and value.startswith(PLUGIN_PREFIX):
+        target, sep, name = value[len(PLUGIN_PREFIX):].rpartition(":")
+        if sep and target.endswith(".py") and not Path(target).expanduser().is_absolute():
+            return f"{PLUGIN_PREFIX}{(folder / target).resolve()}:{name}"
+    return value
 
 
 def to_toml(cfg: Config) -> str:
