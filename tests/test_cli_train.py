@@ -117,7 +117,7 @@ def test_mnist_bsp_example_reaches_95_percent(tmp_path):
 def test_a_diverging_run_stops_with_valid_json(tmp_path):
     out = tmp_path / "run"
     result = shoal("train", *_sets("optimizer.lr=1e12", "run.max_time_s=5"), "--out", str(out))
-    assert result.returncode == 0
+    assert result.returncode == 3 and "the run diverged" in result.stderr
     def strict(text: str):  # json.loads accepts a bare NaN unless told otherwise
         return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
 

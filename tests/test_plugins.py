@@ -232,3 +232,46 @@ def test_a_plugin_path_in_a_config_file_is_relative_to_that_file_not_to_the_work
     assert cfg.model.name == f"python:{plug / 'my_model.py'}:build"
     with pytest.raises(ConfigError, match="my_model.py not found"):
         load_config(Path("../plug/my.toml"), ['model.name="python:my_model.py:build"'])
+
+
+FLAKY_MODEL = """\
+from torch import nn
+
+
+class Flaky(nn.Module):
+    calls = 0
+
+    def __init__(self, classes):
+        super().__init__()
+        self.lin = nn.Sequential(nn.Flatten(), nn.Linear(64, classes))
+
+    def forward(self, x):
+        Flaky.calls += 1
+        if Flaky.calls > 20:
+            raise RuntimeError("my forward broke")
+        return self.lin(x)
+
+
+def build(input_shape, num_classes):
+    return Flaky(num_classes)
+
+
+def broken(input_shape, num_classes):
+    return {}["missing"]
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("factory, code, where", [("broken", 2, "user_model.py:23 in broken"),
+                                                  ("build", 1, "in your code: {path}:14 in forward")])
+def test_a_plugins_own_error_names_its_file_and_line_and_debug_prints_the_traceback(tmp_path, factory, code, where):
+    plugin = tmp_path / "user_model.py"
+    plugin.write_text(FLAKY_MODEL)
+    args = ["train", "--set", "data.name=digits", "--set", f'model.name="python:{plugin}:{factory}"', "-q"]
+    for debug in ([], ["--debug"]):
+        proc = subprocess.run([sys.executable, "-m", "shoal", *debug, *args, "--out", str(tmp_path / f"run{debug}")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=100)
+        assert proc.returncode == code, proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("error:") and where.format(path=plugin) in last, last
+        assert ("Traceback" in proc.stderr) == bool(debug)

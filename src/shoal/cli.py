@@ -11,6 +11,7 @@ import sys
 import typer
 from typer.exceptions import TyperException  # what typer's own click raises for usage errors
 
+from shoal.commands.common import DEBUG
 from shoal.commands.compare import compare
 from shoal.commands.report import report
 from shoal.commands.route import route
@@ -42,8 +43,11 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
+                                       help="Print the version and exit."),
+          debug: bool = typer.Option(False, "--debug", help="Print the full traceback behind an error line (your "
+                                     "plug-in's own exception, or an internal error's).")) -> None:
     """Data-parallel training on heterogeneous clusters (GSSP, SIM, GDTopK, GRID)."""
+    DEBUG["on"] = debug
 
 
 def main() -> None:
@@ -65,6 +69,8 @@ def main() -> None:
         typer.echo("interrupted", err=True)
         code = 130
     except InternalError as err:  # the traceback is in metrics.jsonl, the summary was written
+        if DEBUG["on"] and err.details:
+            typer.echo(err.details.rstrip(), err=True)
         typer.echo(f"error: {err}", err=True)
         code = 1
     sys.exit(code if isinstance(code, int) else 0)

@@ -12,7 +12,14 @@ class ConfigError(ValueError):
 
 
 class InternalError(RuntimeError):
-    """A run stopped on a bug; its summary.json and metrics.jsonl (with the traceback) were written first (exit 1)."""
+    """A run stopped on a bug; its summary.json and metrics.jsonl (with the traceback) were written first (exit 1).
+
+    ``details``: that traceback, for ``shoal --debug``.
+    """
+
+    def __init__(self, message: str, details: str | None = None) -> None:
+        super().__init__(message)
+        self.details = details
 
 
 class ConfigDeprecation(FutureWarning):

@@ -128,13 +128,40 @@ def check_options(fn: Any, options: dict[str, Any], where: str, fixed: tuple[str
 
 
 def call(fn: Callable[..., Any], what: str, spec: str, **kwargs: Any) -> Any:
-    """Call a plug-in; an exception inside it becomes one line naming the plug-in."""
+    """Call a plug-in; an exception inside it becomes one line naming the plug-in and where in it (file:line).
+    The original exception stays the ConfigError's ``__context__`` (``shoal --debug`` prints it)."""
     try:
         return fn(**kwargs)
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - the user's code
-        raise ConfigError(f"{what} {spec!r} raised {type(err).__name__}: {_first_line(err)}") from None
+        where = user_frame(err)
+        raise ConfigError(f"{what} {spec!r} raised {type(err).__name__}: {_first_line(err)}"
+                          f"{f' ({where})' if where else ''}") from None
+
+
+def user_frame(err: BaseException) -> str | None:
+    """``FILE:LINE in FUNCTION`` of the innermost frame of ``err``'s traceback that is the user's own code: neither
+    shoal's nor the Python installation's (standard library, site-packages); None when there is none."""
+    import traceback
+
+    ours = Path(__file__).resolve().parent
+    installed = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    chain: list[BaseException] = []  # err and what caused it (simpy re-raises a process's exception as a copy)
+    while err is not None and err not in chain:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    for cause in reversed(chain):  # the original exception first
+        found = None
+        for frame in traceback.extract_tb(cause.__traceback__):
+            path = Path(frame.filename).resolve()
+            if frame.filename.startswith("<") or path.is_relative_to(ours) or any(path.is_relative_to(p)
+                                                                                for p in installed):
+                continue
+            found = f"{frame.filename}:{frame.lineno} in {frame.name}"
+        if found:
+            return found
+    return None
 
 
 def _first_line(err: BaseException) -> str:

@@ -188,5 +188,5 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
     write_json_atomic(out / "summary.json", summary)
     if summary["stop_reason"] == "internal_error":  # written first: what was trained is kept
         raise InternalError(f"the run stopped on an internal error ({summary['error']}); summary.json and "
-                            f"metrics.jsonl (with the traceback) are in {out}")
+                            f"metrics.jsonl (with the traceback) are in {out}", recorder.traceback)
     return summary

@@ -17,6 +17,17 @@ from shoal.errors import ConfigDeprecation, ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: ``shoal --debug``: print the full traceback behind an error line (a plug-in's own, or an internal error's)
+DEBUG = {"on": False}
+
+
+def print_traceback(err: BaseException | None) -> None:
+    """With ``--debug``, the traceback of ``err`` on stderr (nothing without the flag or an exception)."""
+    if DEBUG["on"] and err is not None:
+        import traceback
+
+        typer.echo("".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip(), err=True)
+
 
 def user_errors_exit_2(func: F) -> F:
     """Turn a ConfigError (bad user input) into one line on stderr and exit code 2; deprecations into one line each."""
@@ -29,6 +40,7 @@ def user_errors_exit_2(func: F) -> F:
             try:
                 return func(*args, **kwargs)
             except ConfigError as err:
+                print_traceback(err.__context__)  # a plug-in's own exception behind the line
                 typer.echo(f"error: {err}", err=True)
                 raise typer.Exit(2) from None
 

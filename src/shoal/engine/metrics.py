@@ -48,6 +48,7 @@ class RunRecorder:
     last_metric: float | None = None
     _streak: list[float] = field(default_factory=list)  # times of the evaluations in a row at or above the target
     listener: Callable[[str, dict[str, Any]], None] | None = None  # also sees every event (TensorBoard scalars)
+    traceback: str | None = None  # the traceback of an internal error (``shoal --debug`` prints it)
 
     def event(self, kind: str, **fields: Any) -> None:
         """One line of metrics.jsonl, flushed at once (a reader or a crash sees every event so far)."""
@@ -130,9 +131,13 @@ def internal_error(recorder: "RunRecorder", t: float, err: BaseException) -> str
     """Record an ``internal_error`` event with the traceback; returns the one-line error for the summary."""
     import traceback
 
+    from shoal.plugins import user_frame
+
     text = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:300]
-    recorder.event("internal_error", t=round(t, 6), error=text,
-                   traceback="".join(traceback.format_exception(type(err), err, err.__traceback__)))
+    where = user_frame(err)  # a plug-in's own bug: the user's file and line, not shoal's
+    text += f" (in your code: {where})" if where else ""
+    recorder.traceback = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    recorder.event("internal_error", t=round(t, 6), error=text, traceback=recorder.traceback)
     return text
 
 

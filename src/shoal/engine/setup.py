@@ -14,6 +14,7 @@ from shoal.data import BatchStream, Dataset, class_histograms, load_dataset, par
 from shoal.engine.gradients import GradientEngine
 from shoal.engine.task import Task
 from shoal.models import build_module
+from shoal.plugins import user_frame
 from shoal.network.training import AggregationPlan, plan_aggregation
 
 
@@ -103,8 +104,10 @@ def check_fit(engine: GradientEngine, dataset: Dataset, cfg: Config) -> None:
         raise
     except Exception as err:  # noqa: BLE001 - shapes the user's model, data or loss disagree on
         text = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        where = user_frame(err)
         raise ConfigError(f"model {cfg.model.name!r} on data {cfg.data.name!r} with task.loss {cfg.task.loss!r}: "
-                          f"a forward pass on input {tuple(x.shape)} failed: {text}") from None
+                          f"a forward pass on input {tuple(x.shape)} failed: {text}"
+                          f"{f' ({where})' if where else ''}") from None
     if not torch.isfinite(loss).all():
         raise ConfigError(f"task.loss {cfg.task.loss!r}: not finite on the first samples")
 
