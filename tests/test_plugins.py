@@ -275,3 +275,34 @@ def test_a_plugins_own_error_names_its_file_and_line_and_debug_prints_the_traceb
         last = proc.stderr.strip().splitlines()[-1]
         assert last.startswith("error:") and where.format(path=plugin) in last, last
         assert ("Traceback" in proc.stderr) == bool(debug)
+
+
+def test_a_run_folder_moved_away_from_its_plugin_still_loads(tmp_path):
+    """The factory's file is copied into the run; model.json has no unrelated keys; the weights are as readable
+    as the rest of the run; load_model also takes a factory of the caller's."""
+    import shutil
+
+    from torch import nn
+
+    plugin = tmp_path / "src" / "tiny.py"
+    plugin.parent.mkdir()
+    plugin.write_text("from torch import nn\ndef build(input_shape, num_classes, width=16):\n"
+                      "    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, num_classes))\n")
+    result = shoal.train(overrides=FAST + [f'model.name="python:{plugin}:build"', "model.options={width = 8}",
+                                           "run.max_time_s=0.5"], out=tmp_path / "run", progress=False)
+    run = tmp_path / "run"
+    record = json.loads((run / "model.json").read_text())
+    assert "hidden" not in record and record["source"] == "model_source.py"
+    assert (run / "model.safetensors").stat().st_mode & 0o777 == (run / "config.toml").stat().st_mode & 0o777
+    moved = tmp_path / "elsewhere" / "run"
+    shutil.move(str(run), moved)
+    shutil.rmtree(plugin.parent)
+    x = torch.randn(3, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(shoal.load_model(moved)(x), result.model(x))
+
+    def mine(input_shape, num_classes, width):
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, num_classes))
+
+    with torch.no_grad():
+        assert torch.equal(shoal.load_model(moved, factory=mine)(x), result.model(x))
