@@ -40,8 +40,11 @@ TRAIN = [
     ("key under a number", ["--set", "run.seed.x=1"], "run.seed"),
     ("misspelt key", ["--set", "optimizer.lrr=0.1"], "did you mean"),
     ("misspelt section", ["--set", "optimiser.lr=0.1"], "did you mean"),
-    ("unknown backend", ["--backend", "spark"], "backend.name"),
+    ("unknown backend", ["--backend", "spark"], "--backend"),
     ("unknown flag", ["--frobnicate"], "frobnicate"),
+    ("unclosed array", ["--set", "cluster.speeds=[1,2"], "not valid TOML"),
+    ("misspelt scheme", ["--set", "sync.scheme=gsp"], "--set: sync.scheme: unknown scheme 'gsp' (did you mean 'gssp'?)"),
+    ("misspelt choice", ["--set", "sync.intra_group=allreduc"], "(did you mean 'allreduce'?)"),
     ("missing config file", ["--config", "nope.toml"], "nope.toml"),
 ]
 
@@ -126,3 +129,27 @@ def test_other_commands_refuse_in_one_line(tmp_path: Path, capsys, monkeypatch, 
     code, err = run_main(args, capsys, monkeypatch)
     assert_one_line(code, err, fragment)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("command", "other"), [("train", "compare.json"), ("compare", "summary.json")])
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_a_run_and_a_comparison_never_share_a_folder(tmp_path: Path, capsys, monkeypatch, command: str, other: str,
+                                                     overwrite: list[str]) -> None:
+    """train --out into a comparison's folder, compare --out into a run's: one line, exit 2, nothing touched."""
+    folder = tmp_path / "taken"
+    folder.mkdir()
+    (folder / other).write_text("{}")
+    extra = ["--schemes", "bsp"] if command == "compare" else []
+    code, err = run_main([command, "--out", str(folder), "-q", *FAST, *extra, *overwrite], capsys, monkeypatch)
+    assert_one_line(code, err, "a folder of its own")
+    assert [p.name for p in folder.iterdir()] == [other]
+
+
+def test_the_python_api_takes_one_override_as_a_string_and_refuses_other_types(tmp_path: Path) -> None:
+    import shoal
+    from shoal.api import resolve_config
+
+    assert resolve_config(None, "sync.scheme=gssp").sync.scheme == "gssp"
+    with pytest.raises(shoal.ConfigError, match="overrides: expected"):
+        resolve_config(None, [("sync.scheme", "gssp")])
+    assert {"train", "compare", "load_model", "Result", "Config"} <= set(dir(shoal))

@@ -27,3 +27,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'shoal' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """``dir(shoal)`` lists the lazily loaded names too."""
+    return sorted(set(__all__) | {"__doc__", "__name__", "__version__"})

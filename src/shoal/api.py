@@ -31,8 +31,20 @@ class Result:
     run_dir: Path
 
 
-def resolve_config(config: ConfigLike | None, overrides: Sequence[str] = ()) -> Config:
+def override_list(overrides: Sequence[str] | str) -> list[str]:
+    """``overrides`` as a list: one ``"section.key=value"`` string is one override (not a list of characters)."""
+    if isinstance(overrides, str):
+        return [overrides]
+    items = list(overrides)
+    bad = next((o for o in items if not isinstance(o, str)), None)
+    if bad is not None:
+        raise ConfigError(f"overrides: expected \"section.key=value\" strings, got {type(bad).__name__} {bad!r}")
+    return items
+
+
+def resolve_config(config: ConfigLike | None, overrides: Sequence[str] | str = ()) -> Config:
     """A path to a TOML file, a dict of sections, or a ``Config``, with ``section.key=value`` overrides."""
+    overrides = override_list(overrides)
     if isinstance(config, Config):
         return build_config(apply_overrides(config.model_dump(), list(overrides)))
     if isinstance(config, Mapping):
@@ -42,7 +54,7 @@ def resolve_config(config: ConfigLike | None, overrides: Sequence[str] = ()) -> 
     raise ConfigError(f"config: expected a path, a dict or a shoal.Config, got {type(config).__name__}")
 
 
-def train(config: ConfigLike | None = None, *, out: str | Path | None = None, overrides: Sequence[str] = (),
+def train(config: ConfigLike | None = None, *, out: str | Path | None = None, overrides: Sequence[str] | str = (),
           progress: bool = True, overwrite: bool = False) -> Result:
     """Train once and return the summary, the trained model and the run folder (default runs/train-<time>)."""
     from shoal.progress import TrainProgress, stderr_console
@@ -58,7 +70,7 @@ def train(config: ConfigLike | None = None, *, out: str | Path | None = None, ov
 
 
 def compare(config: str | Path | None = None, *, schemes: Sequence[str] | str, out: str | Path | None = None,
-            seeds: int = 1, overrides: Sequence[str] = (), tune: Sequence[str] = (), tune_seeds: int = 0,
+            seeds: int = 1, overrides: Sequence[str] | str = (), tune: Sequence[str] = (), tune_seeds: int = 0,
             own_knobs: bool = True, jobs: int = 1, resume: bool = False, progress: bool = True,
             overwrite: bool = False) -> dict[str, Any]:
     """Run ``shoal compare`` and return compare.json (its rows, the command that reproduces it): with
@@ -67,7 +79,7 @@ def compare(config: str | Path | None = None, *, schemes: Sequence[str] | str, o
 
     names = schemes if isinstance(schemes, str) else ",".join(schemes)
     folder = Path(out) if out is not None else Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
-    result, _ = run_comparison(Path(config) if config is not None else None, names, seeds, list(overrides), folder,
+    result, _ = run_comparison(Path(config) if config is not None else None, names, seeds, override_list(overrides), folder,
                                overwrite, not progress, list(tune), tune_seeds=tune_seeds, own_knobs=own_knobs,
                                jobs=jobs, resume=resume)
     return result

@@ -185,6 +185,9 @@ def check_compare_dir(out: Path, plan: list[PlannedRun], overwrite: bool, later:
     --overwrite."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder")
+    if (out / "summary.json").exists() or (out / "config.toml").exists():  # --overwrite or not
+        raise ConfigError(f"--out {out}: holds a training run (summary.json, config.toml); a comparison needs a "
+                          "folder of its own")
     if overwrite:
         return
     dirs = [p.run_dir for p in plan] + list(later)

@@ -25,6 +25,8 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
     """Refuse to write over an earlier run unless asked to."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder")
+    if (out / "compare.json").exists():  # --overwrite or not: a run's files would mix with a comparison's
+        raise ConfigError(f"--out {out}: holds a comparison (compare.json); a run needs a folder of its own")
     if not overwrite and any((out / name).exists() for name in RUN_FILES):
         raise ConfigError(f"--out {out}: already holds a run; choose another folder or pass --overwrite")
 

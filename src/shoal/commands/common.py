@@ -47,6 +47,18 @@ def user_errors_exit_2(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def backend_override(backend: str | None) -> list[str]:
+    """``--backend NAME`` as the override it stands for; a name that is no backend is one line here, not a
+    schema error blamed on ``--set``."""
+    if backend is None:
+        return []
+    if backend not in ("sim", "ray"):
+        from shoal.config.base import did_you_mean
+
+        raise ConfigError(f"--backend {backend!r}: use sim or ray{did_you_mean(backend, ('sim', 'ray'))}")
+    return [f"backend.name={backend}"]
+
+
 def _deprecation_lines(show: Callable[..., None]) -> Callable[..., None]:
     """A ``warnings.showwarning`` that prints each config deprecation once, as ``warning: ...``, and leaves the rest to ``show``."""
     said: set[str] = set()

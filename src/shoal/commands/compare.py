@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shoal.commands.common import user_errors_exit_2
+from shoal.commands.common import backend_override, user_errors_exit_2
 from shoal.comparison import Interrupted, command_line, run_comparison
 from shoal.report.schemes import bases
 
@@ -48,8 +48,8 @@ def compare(
                                                      "depend on the machine's load)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display and no results table."),
 ) -> None:
-    """Compare schemes (e.g. bsp,ssp,gssp,gssp+gdtopk) on one config and write an HTML report with plots."""
-    overrides = list(set_) + ([f"backend.name={backend}"] if backend else [])
+    """Compare schemes on one config (bsp,ssp,gssp,gssp+gdtopk, ...) and write an HTML report with plots."""
+    overrides = list(set_) + backend_override(backend)
     out = out or Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
     try:
         result, report = run_comparison(config, schemes, seeds, overrides, out, overwrite, quiet, tune,

@@ -10,7 +10,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from shoal.commands.common import user_errors_exit_2
+from shoal.commands.common import backend_override, user_errors_exit_2
 from shoal.progress import TrainProgress, worker_table
 from shoal.config import load_config
 
@@ -34,7 +34,7 @@ def train(
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder from its last checkpoint (its config.toml unless --config): ray (backend.checkpoint_every_s) or sim (backend.sim_checkpoint_every_s, bit for bit)."),
 ) -> None:
     """Train a model data-parallel on a simulated or real heterogeneous cluster."""
-    overrides = list(set_) + ([f"backend.name={backend}"] if backend else [])
+    overrides = list(set_) + backend_override(backend)
     overrides += [f"backend.address={json.dumps(address)}"] if address else []
     if resume is not None and config is None:
         config = resume / "config.toml"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
@@ -39,7 +39,16 @@ def _registered(registry: Registry[Any], value: str, *also: str) -> str:
         registry.plugin(spec)  # imports the user's class and checks it: a ConfigError (a ValueError) when it does not fit
         return spec
     own = " or python:FILE.py:CLASS" if registry.takes_plugins else ""
-    raise ValueError(f"unknown {registry.kind} {value!r}; use one of {', '.join((*also, *registry.names()))}{own}")
+    known = (*also, *registry.names())
+    raise ValueError(f"unknown {registry.kind} {value!r}{did_you_mean(value, known)}; use one of {', '.join(known)}{own}")
+
+
+def did_you_mean(value: Any, known: Iterable[str]) -> str:
+    """`` (did you mean 'gssp'?)`` for a value one typo away from a known one, else nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(str(value), list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _choices(registry: Registry[Any], *also: str, plugins: bool = False) -> Callable[[dict[str, Any]], None]:
@@ -64,4 +73,5 @@ def _plugin_or(builtins: tuple[str, ...], value: str, what: str) -> str:
         return value
     if is_plugin(value):
         return resolve_spec(value)
-    raise ValueError(f"unknown {what} {value!r}; use one of {', '.join(builtins)} or python:FILE.py:FUNCTION")
+    raise ValueError(f"unknown {what} {value!r}{did_you_mean(value, builtins)}; use one of {', '.join(builtins)} or "
+                     "python:FILE.py:FUNCTION")

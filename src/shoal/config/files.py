@@ -11,13 +11,15 @@ from typing import Any
 import tomlkit
 from pydantic import BaseModel, ValidationError
 
+from shoal.config.base import did_you_mean
 from shoal.config.schema import Config
 from shoal.errors import ConfigError
 from shoal.registry import PLUGIN_PREFIX
 
 
-def _format_error(err: ValidationError, source: str) -> str:
-    """One line: the first problem, with its dotted key (union members merged, a "did you mean" for typos)."""
+def _format_error(err: ValidationError, source: str, overridden: set[str] = frozenset()) -> str:
+    """One line: the first problem, with its dotted key (union members merged, a "did you mean" for typos), blamed
+    on ``--set`` when an override wrote that key (``overridden``: their dotted keys), else on ``source``."""
     errors = err.errors()
     first = errors[0]
     loc = [str(p) for p in first["loc"]]
@@ -37,7 +39,12 @@ def _format_error(err: ValidationError, source: str) -> str:
         msg = f"expected a [{key}] table, got {first['input']!r}"
     elif first["type"] == "finite_number":
         msg = f"must be a finite number, got {first['input']!r}"
+    elif first["type"] == "literal_error":
+        msg += did_you_mean(first["input"], [e.strip(" '\"") for e in str(first["ctx"]["expected"]).replace(
+            " or ", ",").split(",")])
     more = f" (and {rest} more)" if rest > 0 else ""
+    if any(key == k or key.startswith(f"{k}.") or k.startswith(f"{key}.") for k in overridden) and key:
+        source = "--set"
     return f"{source}: {key}: {msg}{more}" if key else f"{source}: {msg}{more}"
 
 
@@ -90,7 +97,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set {text!r}: expected section.key=value")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as err:
+        if raw.strip()[:1] in ("[", "{", '"', "'"):  # meant as an array, a table or a quoted string
+            raise ConfigError(f"--set {text!r}: the value is not valid TOML ({err})") from None
         value = raw.strip()
     return key.strip().split("."), value
 
@@ -121,11 +130,11 @@ def _is_value(path: list[str]) -> bool:
     return not is_section and getattr(annotation, "__origin__", None) is not dict
 
 
-def build_config(data: dict[str, Any], source: str = "config") -> Config:
+def build_config(data: dict[str, Any], source: str = "config", overridden: set[str] = frozenset()) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format_error(err, source)) from None
+        raise ConfigError(_format_error(err, source, overridden)) from None
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
@@ -142,7 +151,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{path}: not valid TOML: {err}") from None
         data = anchor_plugin_files(data, path.parent)
-    return build_config(apply_overrides(data, overrides or []), source)
+    overridden = {".".join(parse_override(o)[0]) for o in overrides or []}
+    return build_config(apply_overrides(data, overrides or []), source, overridden)
 
 
 def anchor_plugin_files(value: Any, folder: Path) -> Any:
