@@ -51,3 +51,4 @@ clean:
 docs: $(STAMP)
 	$(BIN)/python -m shoal.docgen --out docs/configuration.md
 	$(BIN)/python -m shoal.docgen --schema docs/shoal.schema.json
+	$(BIN)/python -m shoal.docgen --schema src/shoal/config/shoal.schema.json

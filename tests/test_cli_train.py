@@ -178,3 +178,36 @@ def test_ctrl_c_on_sim_writes_the_summary_and_the_end_event(tmp_path):
     assert summary["stop_reason"] == "interrupted" and summary["iterations"] > 0
     events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "end" and events[-1]["reason"] == "interrupted"
+
+
+def test_print_config_shows_the_resolved_config_and_writes_nothing(tmp_path):
+    from shoal.config import load_config
+
+    result = shoal("train", *_sets("sync.scheme=gssp"), "--print-config", "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    (tmp_path / "printed.toml").write_text(result.stdout)
+    assert load_config(tmp_path / "printed.toml") == load_config(None, FAST + ["sync.scheme=gssp"])
+    assert "[sync.gssp]" in result.stdout and not (tmp_path / "run").exists()
+
+
+def test_dry_run_builds_everything_says_what_would_run_and_writes_nothing(tmp_path):
+    result = shoal("train", *_sets("sync.scheme=localsgd", "sync.balance=steps", "cluster.profile=tiers"),
+                   "--dry-run", "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    assert "model: mlp," in result.stdout and "4 workers, slowdowns 1, 2, 4, 8" in result.stdout
+    assert "sync.balance = 'steps'" in result.stdout and "local models: yes" in result.stdout
+    assert not (tmp_path / "run").exists()
+    bad = shoal("train", *_sets("model.hidden=[0]"), "--dry-run")
+    assert bad.returncode == 2 and bad.stderr.startswith("error:")
+
+
+def test_shoal_schema_prints_the_schema_the_package_ships(tmp_path):
+    from shoal.commands.schema import PACKAGED
+    from shoal.docgen import json_schema
+
+    assert PACKAGED.read_text() == json_schema(), "src/shoal/config/shoal.schema.json is stale: run make docs"
+    printed = shoal("schema")
+    assert printed.returncode == 0 and printed.stdout == json_schema()
+    written = shoal("schema", "--out", str(tmp_path / "s" / "shoal.schema.json"))
+    assert written.returncode == 0 and (tmp_path / "s" / "shoal.schema.json").read_text() == json_schema()
+    assert shoal("schema", "--path").stdout.strip() == str(PACKAGED)

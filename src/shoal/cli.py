@@ -15,6 +15,7 @@ from shoal.commands.common import DEBUG
 from shoal.commands.compare import compare
 from shoal.commands.report import report
 from shoal.commands.route import route
+from shoal.commands.schema import schema
 from shoal.commands.trace import trace
 from shoal.commands.train import train
 from shoal.errors import InternalError
@@ -31,6 +32,7 @@ app.command("compare")(compare)
 app.command("report")(report)
 app.command("route")(route)
 app.command("trace")(trace)
+app.command("schema")(schema)
 
 
 def _version(value: bool) -> None:

@@ -75,6 +75,39 @@ def run_backend(setup: RunSetup, recorder: RunRecorder, progress: Any = None, *,
     return SimBackend(setup, recorder, progress, strategy=strategy, out=out, resume=resume).run()
 
 
+def dry_run(cfg: Config) -> list[str]:
+    """What a run of ``cfg`` would do, without training or writing: the data and model built, the cluster, and the
+    Strategy's answers (``shoal train --dry-run``)."""
+    if cfg.backend.name == "ray":
+        from shoal.backends.ray.session import validate
+
+        validate(cfg)
+    setup = build_setup(cfg)
+    strategy = Strategy.from_config(cfg, setup.engine.layout)
+    ds, speeds, sync = setup.dataset, setup.profile.speeds, cfg.sync
+    shown = ", ".join(f"{s:g}" for s in speeds) if len(speeds) <= 16 else f"{min(speeds):g} .. {max(speeds):g}"
+    target = cfg.target()
+    lines = [
+        f"backend: {cfg.backend.name} ({cfg.backend.mode} mode)",
+        f"model: {cfg.model.name}, {setup.engine.num_params:,} parameters",
+        f"data: {cfg.data.name}, {setup.n_train:,} training and {len(ds.y_test):,} test samples, partition "
+        f"{cfg.data.partition}, batch {cfg.data.batch_size} per worker",
+        f"cluster: {len(speeds)} workers, slowdowns {shown}; {setup.profile.compute_s:g} s per batch on the fastest",
+        f"scheme: {sync.scheme} ({sync.intra_group} path)" + ("; groups formed once workers are profiled"
+                                                            if strategy.grouped else ""),
+        f"work: {'data.batch_size for every worker' if strategy.balance == 'none' else f'sync.balance = {strategy.balance!r}'}",
+        f"local models: {'yes' if strategy.local_models else 'no'}; outer step: {strategy.outer_step or 'none'}",
+        f"compression: {cfg.compression.method}" + (f" at density {cfg.compression.density:g}"
+                                                     if strategy.compressed else "")
+        + ("; SIM on" if cfg.compression.similarity.enabled else ""),
+        f"aggregation: {cfg.network.aggregation}",
+        f"stops: {cfg.task.metric} {'target ' + format(target, 'g') if target is not None else 'without a target'}, "
+        f"at most {cfg.run.max_time_s:g} s" + (f" or {cfg.run.max_iterations} iterations" if cfg.run.max_iterations
+                                              else ""),
+    ]
+    return lines
+
+
 def _check_inputs(cfg: Config, out: Path, overwrite: bool, resume: Path | None) -> bool:
     """Everything that can reject the run; True when a resume continues in its own folder."""
     in_place = resume is not None and out.resolve() == resume.resolve()

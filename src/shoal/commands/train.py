@@ -32,6 +32,8 @@ def train(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),
     address: Optional[str] = typer.Option(None, "--address", help="ray: join this Ray cluster (\"auto\" or ray://HOST:PORT) instead of starting a local one."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder from its last checkpoint (its config.toml unless --config): ray (backend.checkpoint_every_s) or sim (backend.sim_checkpoint_every_s, bit for bit)."),
+    print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config (TOML, every default filled in) and exit; nothing is written."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check everything, load the data, build the model and the training strategy, say what would run, and exit; nothing is written."),
 ) -> None:
     """Train a model data-parallel on a simulated or real heterogeneous cluster."""
     overrides = list(set_) + backend_override(backend)
@@ -39,6 +41,17 @@ def train(
     if resume is not None and config is None:
         config = resume / "config.toml"
     cfg = load_config(config, overrides)
+    if print_config:
+        from shoal.config import to_toml
+
+        typer.echo(to_toml(cfg), nl=False)
+        return
+    if dry_run:
+        from shoal.runner import dry_run as describe
+
+        for line in describe(cfg):
+            typer.echo(line)
+        return
     from shoal.runner import train as run_training  # heavy (torch): only once the config is valid
     out = out or resume or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
     with TrainProgress(console, quiet, cfg.run.max_time_s, cfg.run.max_iterations) as update:
