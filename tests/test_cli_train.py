@@ -203,7 +203,7 @@ def test_dry_run_builds_everything_says_what_would_run_and_writes_nothing(tmp_pa
 
 def test_shoal_schema_prints_the_schema_the_package_ships(tmp_path):
     from shoal.commands.schema import PACKAGED
-    from shoal.docgen import json_schema
+    from shoal.config.files import json_schema
 
     assert PACKAGED.read_text() == json_schema(), "src/shoal/config/shoal.schema.json is stale: run make docs"
     printed = shoal("schema")

@@ -31,6 +31,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from shoal.config import Config, toml_value
+from shoal.config.files import json_schema as config_json_schema
 from shoal.registry import COMPRESSORS, DATA_FORMATS, DATASETS, MODELS, PLANNERS, SCHEMES
 
 DEFAULT_PATH = Path("docs/configuration.md")
@@ -423,14 +424,9 @@ def _anchor(section: str) -> str:
 # -- JSON schema for editors ------------------------------------------------------------
 
 SCHEMA_PATH = Path("docs/shoal.schema.json")
+json_schema = config_json_schema  # one definition, in shoal.config (shoal schema prints it too)
 
 
-def json_schema() -> str:
-    """The config's JSON schema (pydantic's), for TOML editors: `#:schema` (Taplo / Even Better TOML)."""
-    import json
-
-    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **Config.model_json_schema()}
-    return json.dumps(schema, indent=1, sort_keys=True) + "\n"
 
 
 # -- command line ---------------------------------------------------------------------

@@ -23,7 +23,7 @@ def schema(
     if path:
         typer.echo(str(PACKAGED))
         return
-    from shoal.docgen import json_schema
+    from shoal.config.files import json_schema
 
     text = json_schema()
     if out is None:

@@ -199,3 +199,9 @@ def _inline(value: Any) -> Any:
         array.extend(_inline(v) for v in value)
         return array
     return value
+
+
+def json_schema() -> str:
+    """The config's JSON schema (pydantic's), for TOML editors: `#:schema` (Taplo / Even Better TOML)."""
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **Config.model_json_schema()}
+    return json.dumps(schema, indent=1, sort_keys=True) + "\n"
