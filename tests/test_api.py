@@ -67,6 +67,31 @@ def test_compare_returns_compare_json(tmp_path):
     assert [r["scheme"] for r in data["rows"]] == ["bsp", "localsgd"]
     assert (tmp_path / "cmp" / "report.html").exists()
     assert (tmp_path / "cmp" / "bsp" / "model.safetensors").exists()
+    assert isinstance(data, shoal.Comparison) and data == json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert data.rows is data["rows"] and data.row("localsgd")["scheme"] == "localsgd"
+    assert data.report == tmp_path / "cmp" / "report.html" and data.out == tmp_path / "cmp"
+    with pytest.raises(KeyError, match="the rows are bsp, localsgd"):
+        data.row("gssp")
+
+
+def test_callbacks_see_every_evaluation_and_iteration_while_the_run_goes_on(tmp_path):
+    evals, iterations = [], []
+    result = shoal.train(overrides=FAST, out=tmp_path / "run", progress=False, on_eval=evals.append,
+                         on_iteration=lambda e: iterations.append((e["worker"], e["t"])))
+    assert evals == result.metrics("eval") and [e["accuracy"] for e in evals][-1] == result.summary["final_accuracy"]
+    assert len(iterations) == result.summary["iterations"] == len(result.metrics("iteration"))
+    assert {w for w, _ in iterations} == {0, 1, 2, 3}
+    assert result.metrics()[0]["event"] == "start"
+
+
+def test_a_callback_that_raises_is_reported_with_its_file_and_line(tmp_path):
+    def broken(event):
+        raise ValueError("my callback")
+
+    from shoal.errors import InternalError
+
+    with pytest.raises(InternalError, match="in your code: .*test_api.py"):
+        shoal.train(overrides=FAST, out=tmp_path / "run", progress=False, on_eval=broken)
 
 
 def test_python_dash_m_shoal_and_version():

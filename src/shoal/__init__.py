@@ -13,11 +13,12 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Config", "ConfigError", "Result", "__version__", "compare", "load_config", "load_model", "train"]
+__all__ = ["Comparison", "Config", "ConfigError", "Result", "__version__", "compare", "load_config", "load_model",
+           "train"]
 
 _LAZY = {
     "Config": "shoal.config", "ConfigError": "shoal.errors", "load_config": "shoal.config",
-    "Result": "shoal.api", "train": "shoal.api", "compare": "shoal.api", "load_model": "shoal.engine.export",
+    "Result": "shoal.api", "Comparison": "shoal.api", "train": "shoal.api", "compare": "shoal.api", "load_model": "shoal.engine.export",
 }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from shoal.config import Config, to_toml
@@ -73,6 +73,17 @@ def run_backend(setup: RunSetup, recorder: RunRecorder, progress: Any = None, *,
     from shoal.backends.sim import SimBackend
 
     return SimBackend(setup, recorder, progress, strategy=strategy, out=out, resume=resume).run()
+
+
+def _both(first: Callable[[str, dict[str, Any]], None] | None,
+          second: Callable[[str, dict[str, Any]], None]) -> Callable[[str, dict[str, Any]], None]:
+    """One event listener that calls ``first`` (if any), then ``second``."""
+    def listen(kind: str, fields: dict[str, Any]) -> None:
+        if first is not None:
+            first(kind, fields)
+        second(kind, fields)
+
+    return listen
 
 
 def dry_run(cfg: Config) -> list[str]:
@@ -176,12 +187,13 @@ def straggler_summary(metrics: Path, workers: int, resumed: bool = False) -> dic
 
 
 def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = None,
-          resume: Path | None = None) -> dict[str, Any]:
+          resume: Path | None = None, on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run one training and write config.toml, metrics.jsonl and summary.json into ``out``.
 
     With ``resume`` (a run folder with checkpoints, ray or sim) training
     continues from its last checkpoint; resuming into the same folder appends
-    to its metrics.jsonl.
+    to its metrics.jsonl. ``on_event(kind, fields)`` sees every event as it is
+    recorded (the Python API's callbacks).
     """
     in_place = _check_inputs(cfg, out, overwrite, resume)
     created = make_out_dir(out)
@@ -195,6 +207,8 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
         recorder = RunRecorder(stream=stream, log_iterations=cfg.backend.log_iterations, metric=cfg.task.metric,
                                higher_is_better=cfg.task.higher)
         scalars = _tensorboard(cfg, out, recorder)
+        if on_event is not None:
+            recorder.listener = _both(recorder.listener, on_event)
         try:
             summary = run_backend(setup, recorder, progress, out=out, resume=resume)
         except ConfigError:  # rejected while starting (e.g. the Ray cluster is too small): leave nothing behind
