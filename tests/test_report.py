@@ -368,3 +368,28 @@ def test_the_page_comes_from_its_templates_and_escapes_what_runs_wrote(synthetic
 
     assert set(environment().list_templates()) >= {"report.html.j2", "macros.html.j2", "report.css"}
     assert page.count('<section id="') == len(set(re.findall(r'<section id="(\w+)"', page)))  # one per kind
+
+
+def test_curves_that_coincide_are_named_and_drawn_apart():
+    from shoal.report.plots import Curve, coinciding
+
+    same = [(0.0, 0.1), (1.0, 0.9)]
+    curves = [Curve("bsp", same, "#111"), Curve("ssp", [(0.0, 0.1), (1.0, 0.8)], "#222"),
+              Curve("bsp+ina-grid", list(same), "#333")]
+    assert coinciding(curves) == {2: "bsp"}
+
+
+def test_the_report_explains_not_reached_and_bounds_a_speed_up_over_a_bsp_that_missed(tmp_path):
+    """BSP never reached the target in the 4 s budget, GSSP did at 1.5 s: its speed-up reads "> 2.7x"; the row
+    that says not reached is explained with run.target_patience."""
+    runs = {"bsp": _summary("bsp", None, 80), "gssp": _summary("gssp", 1.5, 200)}
+    rows = []
+    for name, summary in runs.items():
+        _write_run(tmp_path / name, summary, _start(name) + _evals(0.1))
+        rows.append({**summary, "scheme": name, "run_dir": name, "speedup_vs_bsp": None})
+    (tmp_path / "compare.json").write_text(json.dumps({"command": "x", "schemes": list(runs), "seeds": 1,
+                                                       "backend": "sim", "target_accuracy": 0.9, "max_time_s": 4.0,
+                                                       "rows": rows}))
+    page = write_report(tmp_path).read_text()
+    assert "&gt; 2.7x" in page and "a lower bound" in page
+    assert "Not reached: the target was never met by 3 evaluations in a row (run.target_patience" in page

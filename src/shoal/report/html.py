@@ -211,17 +211,34 @@ def _table_section(out: Path, compare: dict[str, Any], rows: list[dict[str, Any]
         path = plots.plot_seed_times(points, float(compare.get("max_time_s") or 1.0), out / "seed-times.png",
                                      time_label(compare.get("backend")))
         seeds = _img(path, "every seed's time to target per scheme")
+    limit = float(compare.get("max_time_s") or 0.0)
+    bsp_missed = any(r["scheme"] == "bsp" and r.get("time_to_target_s") is None for r in rows)
     return {"anchor": "results", "heads": heads, "exchange": exchange, "tuned": tuned,
-            "seeds": compare.get("seeds", 1),
-            "rows": [_table_row(r, run, best, metric) for r, run in zip(rows, runs)],
+            "seeds": compare.get("seeds", 1), "patience": _patience(out, rows),
+            "unreached": any(r.get("time_to_target_s") is None for r in rows),
+            "bound": bsp_missed and any(r.get("time_to_target_s") for r in rows),
+            "rows": [_table_row(r, run, best, metric, limit if bsp_missed else None) for r, run in zip(rows, runs)],
             "split": _img(split, "share of worker time computing, communicating, waiting"), "seed_times": seeds,
             "versus": next((r["versus"] for r in rows if r.get("versus")), None),
             "eval_seeds": compare.get("eval_seeds"), "tuning_seeds": compare.get("tuning_seeds"),
             "warnings": compare.get("warnings") or []}
 
 
-def _table_row(row: dict[str, Any], run: RunData, best: float | None, metric: str = "accuracy") -> dict[str, Any]:
-    """One scheme's cells, formatted."""
+def _patience(out: Path, rows: list[dict[str, Any]]) -> int | None:
+    """run.target_patience of the comparison (its first run's config.toml), for the "not reached" note."""
+    path = out / rows[0].get("run_dir", "") / "config.toml" if rows else None
+    if path is None or not path.is_file():
+        return None
+    from shoal.config.sections import RunConfig
+
+    default = RunConfig.model_fields["target_patience"].default
+    return int(tomllib.loads(path.read_text()).get("run", {}).get("target_patience", default))
+
+
+def _table_row(row: dict[str, Any], run: RunData, best: float | None, metric: str = "accuracy",
+               bsp_budget: float | None = None) -> dict[str, Any]:
+    """One scheme's cells, formatted. ``bsp_budget``: BSP missed the target within this time budget, so a scheme
+    that reached it is at least budget / its time faster (a lower bound, "> 7.1x")."""
     ttt, seeds = row.get("time_to_target_s"), row.get("seeds")
     per_seed = None if not seeds else ", ".join(
         "–" if s.get("time_to_target_s") is None else f"{s['time_to_target_s']:.3g}" for s in seeds)
@@ -231,7 +248,8 @@ def _table_row(row: dict[str, Any], run: RunData, best: float | None, metric: st
         "time_spread": _range(row.get("time_to_target_interval"), fmt_seconds), "per_seed": per_seed,
         "reached": row.get("reached", 0), "n_seeds": len(seeds or []),
         "p": None if row.get("p_value") is None else f"p = {row['p_value']:.3g} vs {row['versus']}",
-        "speedup": _speedup(row.get("speedup_vs_bsp")),
+        "speedup": _speedup(row.get("speedup_vs_bsp")) if not (bsp_budget and ttt and row["scheme"] != "bsp")
+        else f"> {bsp_budget / ttt:.1f}x",
         "speedup_interval": _ratio_interval(row.get("speedup_vs_bsp_interval")),
         **_finals(row, metric), "up": human_bytes(row.get("bytes_up")),
         "down": human_bytes(row.get("bytes_down")), "exchange": human_bytes(row.get("bytes_exchange")),

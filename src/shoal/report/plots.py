@@ -23,7 +23,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.colors import BoundaryNorm  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import PercentFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, PercentFormatter  # noqa: E402
 
 from shoal.report.runs import segments  # noqa: E402
 from shoal.registry import SCHEMES  # noqa: E402
@@ -89,14 +89,17 @@ def plot_accuracy(curves: Sequence[Curve], target: float | None, path: Path, tim
     region near the target."""
     fig = Figure(figsize=(12, 4.6), layout="constrained")
     full, zoom = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    same = coinciding(curves)
     for ax in (full, zoom):
-        for c in curves:
+        for i, c in enumerate(curves):
             if not c.points:
                 continue
             t, acc = zip(*c.points)
-            label = None if c.faint or ax is zoom else _curve_label(c)
-            ax.plot(t, acc, color=c.color, ls=c.style, lw=0.9 if c.faint else 2.0, alpha=0.35 if c.faint else 1.0,
-                    label=label)
+            label = None if c.faint or ax is zoom else _curve_label(c) + (f", the same curve as {same[i]}"
+                                                                           if i in same else "")
+            style = (0, (3, 3)) if i in same else c.style  # drawn dashed over the one it hides, so both show
+            ax.plot(t, acc, color=c.color, ls=style, lw=0.9 if c.faint else 2.0, alpha=0.35 if c.faint else 1.0,
+                    label=label, zorder=3 if i in same else 2)
             if c.band is not None:
                 ax.fill_between(t, *c.band, color=c.color, alpha=0.15, lw=0)
             if c.time_to_target is not None and target is not None and not c.faint:
@@ -111,7 +114,8 @@ def plot_accuracy(curves: Sequence[Curve], target: float | None, path: Path, tim
     if accuracy:
         full.set_ylim(0, 1)
     full.set_title(f"Test {metric.replace('_', ' ')} over time (dot: target reached)")
-    full.legend(loc="lower right" if accuracy else "upper right", fontsize=9)
+    fig.legend(*full.get_legend_handles_labels(), loc="outside lower center", ncol=min(3, len(curves) + 1),
+               fontsize=9, frameon=False)  # below both panels: never over a curve
     if accuracy:
         _zoom_near_target(zoom, curves, target)
     else:
@@ -138,16 +142,21 @@ def plot_loss_and_bytes(loss: Sequence[Curve], by_bytes: Sequence[Curve], path: 
     left.set_ylabel("test loss")
     if all(y > 0 for c in loss for _, y in c.points) and any(c.points for c in loss):
         left.set_yscale("log")
+        left.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.3g}"))  # 0.2, 3: not 2x10^-1, 3x10^0
+        left.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: f"{y:.3g}" if f"{y:.1e}"[0] in "25" else ""))
     left.set_title("Test loss over time")
     right.set_xlabel("data sent and received, all workers (bytes, log)")
     right.set_ylabel(f"test {metric.replace('_', ' ')}")
     if any(x > 0 for c in by_bytes for x, _ in c.points):
         right.set_xscale("log")
         right.xaxis.set_major_formatter(lambda x, _: human_bytes(x))
+        right.xaxis.set_minor_formatter(lambda x, _: human_bytes(x) if f"{x:.1e}"[0] in "25" else "")
     if metric == "accuracy":
         right.set_ylim(0, 1)
     right.set_title(f"{metric.replace('_', ' ').capitalize()} against data moved (left = cheaper)")
-    (left if any(c.points for c in loss) else right).legend(loc="best", fontsize=9)
+    source = left if any(c.points for c in loss) else right
+    fig.legend(*source.get_legend_handles_labels(), loc="outside lower center", ncol=min(6, max(1, len(loss))),
+               fontsize=9, frameon=False)  # one legend for both panels, below them
     return save_figure(fig, path)
 
 
@@ -167,6 +176,22 @@ def median_band(curves: Sequence[Sequence[tuple[float, float]]],
     t = np.linspace(start, end, points) if end > start else np.array([start])
     held = np.array([np.interp(t, *zip(*c)) if len(c) > 1 else np.full(len(t), c[0][1]) for c in curves])
     return t, np.median(held, axis=0), held.min(axis=0), held.max(axis=0)
+
+
+def coinciding(curves: Sequence[Curve]) -> dict[int, str]:
+    """Curves whose points equal an earlier curve's (BSP with in-network aggregation on an idle network draws
+    exactly BSP's curve): index -> the name of the curve it would hide."""
+    seen: dict[tuple, str] = {}
+    same = {}
+    for i, c in enumerate(curves):
+        if not c.points or c.faint:
+            continue
+        key = tuple(c.points)
+        if key in seen:
+            same[i] = seen[key]
+        else:
+            seen[key] = c.name
+    return same
 
 
 def _curve_label(c: Curve) -> str:
