@@ -306,6 +306,17 @@ def test_the_routing_section_is_tables_not_a_dump():
     assert "worker_nodes" not in page and "{" not in page  # no raw JSON
 
 
+def test_the_routing_plan_reads_as_labelled_values_with_units():
+    from shoal.report.routing import plan_rows
+
+    rows = dict(plan_rows({"algorithm": "grid", "min_rate_gbps": 12.5, "max_switch_utilisation": 0.0904526,
+                           "violations": [], "notes": ["time_limit"], "aggregation_switches": {"e0.0": 2},
+                           "solve_s": 0.01234, "worker_nodes": ["e0.0"]}))
+    assert rows == {"planner": "grid", "rate of the slowest flow": "12.5 Gbit/s", "busiest switch": "9.0%",
+                    "workers summed at each switch": "e0.0: 2", "capacity violations": "none",
+                    "planning time": "0.0123 s", "notes": "time_limit"}
+
+
 def test_every_schemes_curve_has_visible_pixels(synthetic):
     """In the accuracy and loss plots, each scheme's colour is drawn (a hidden curve would leave none)."""
     from shoal.report.plots import scheme_style

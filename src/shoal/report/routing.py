@@ -26,11 +26,58 @@ def draw_plan(run: RunData, path: Path) -> Path | None:
     return save_figure(plan_figure(inst, [result]), path)
 
 
+def _gbps(v: Any) -> str:
+    return f"{v:.3g} Gbit/s"
+
+
+def _share(v: Any) -> str:
+    return f"{v:.1%}"
+
+
+def _listing(v: Any) -> str:
+    """A list or table as words: ``none`` when empty; a violation as its kind, where and by how much."""
+    if not v:
+        return "none"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {_listing(x) if isinstance(x, (dict, list)) else x}" for k, x in v.items())
+    items = []
+    for x in v:
+        if isinstance(x, dict) and "kind" in x:
+            items.append(f"{x['kind']} at {x.get('where')} ({x.get('load_gbps', 0):.3g} of "
+                         f"{x.get('capacity_gbps', 0):.3g} Gbit/s)")
+        else:
+            items.append(str(x))
+    return "; ".join(items)
+
+
+#: the plan's keys in reading order: (key, label, how to show the value); other keys follow under their own name
+PLAN_ROWS: tuple[tuple[str, str, Any], ...] = (
+    ("algorithm", "planner", str), ("status", "status", str), ("topology", "topology", str),
+    ("ps_host", "parameter server", str), ("min_rate_gbps", "rate of the slowest flow", _gbps),
+    ("bound_gbps", "upper bound on that rate", _gbps), ("claimed_rate_gbps", "rate the planner claimed", _gbps),
+    ("rate_gbps", "rate loads are measured at", _gbps), ("bottleneck", "bottleneck", str),
+    ("ps_streams", "streams into the server", str), ("ps_load_gbps", "load on the server", _gbps),
+    ("max_switch_utilisation", "busiest switch", _share), ("max_link_utilisation", "busiest link", _share),
+    ("aggregation_switches", "workers summed at each switch", _listing),
+    ("direct_workers", "workers sending straight to the server", str),
+    ("second_level", "second-level switches", _listing), ("violations", "capacity violations", _listing),
+    ("solve_s", "planning time", lambda v: f"{v:.3g} s"), ("notes", "notes", _listing),
+)
+
+
+def plan_rows(routing: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value as text) for every key of the plan but the per-worker ones, known keys first."""
+    known = {key for key, _, _ in PLAN_ROWS}
+    rows = [(label, "-" if routing[key] is None else show(routing[key])) for key, label, show in PLAN_ROWS
+            if key in routing]
+    rows += [(key.replace("_", " "), _listing(v) if isinstance(v, (dict, list)) else str(v))
+             for key, v in routing.items() if key not in known and key not in ("worker_nodes", "dataplane")]
+    return rows
+
+
 def routing_data(routing: dict[str, Any]) -> dict[str, Any]:
     """The plan's numbers, where each worker's gradient is summed, and the data plane's counters, for the tables."""
-    scalars = {k: v for k, v in routing.items() if not isinstance(v, (dict, list))}
-    rest = {k: v for k, v in routing.items() if k not in scalars and k not in ("worker_nodes", "dataplane")}
-    data: dict[str, Any] = {"pairs": list({**scalars, **rest}.items()), "by_node": [], "switches": [], "switch_keys": []}
+    data: dict[str, Any] = {"pairs": plan_rows(routing), "by_node": [], "switches": [], "switch_keys": []}
     nodes = routing.get("worker_nodes")
     if isinstance(nodes, list) and nodes:
         by_node: dict[str, list[int]] = {}
