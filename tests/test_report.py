@@ -174,7 +174,7 @@ def test_report_has_every_section_and_only_inline_resources(synthetic):
     assert len(re.findall(r'<img src="data:image/png;base64,', page)) == 1 + 1 + 1 + 3 + 1 + 1  # accuracy, loss/bytes, split, 3 timelines, sim, routing
     assert "ssp: no per-iteration events" in page
     assert "w1: g0 &rarr; g1" in page and "profiled" in page and "regroup" in page
-    assert "min_rate_gbps" in page and "12.5" in page
+    assert "rate of the slowest flow" in page and "12.5 Gbit/s" in page
     assert "123 MB" in page and "gssp+sim reached 90% test accuracy first" in page
     for name in ("accuracy.png", "loss_bytes.png", "time-split.png", "timeline-bsp.png", "timeline-gssp.png", "timeline-gssp_sim.png",
                  "sim-gssp_sim.png"):
