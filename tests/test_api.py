@@ -103,3 +103,15 @@ def test_import_shoal_stays_light():
     code = "import sys, shoal; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False"
+
+
+def test_a_run_can_start_from_the_weights_an_earlier_run_ended_with(tmp_path):
+    first = shoal.train(overrides=FAST, out=tmp_path / "first", progress=False)
+    overrides = FAST + [f"model.init_from={json.dumps(str(tmp_path / 'first'))}"]
+    second = shoal.train(overrides=overrides + ["run.max_time_s=0.01"], out=tmp_path / "second", progress=False)
+    assert second.metrics("eval")[0]["accuracy"] == first.summary["final_accuracy"]  # evaluated before any step
+    with pytest.raises(shoal.ConfigError, match="model.init_from: .*no model.safetensors there"):
+        shoal.train(overrides=FAST + [f"model.init_from={json.dumps(str(tmp_path))}"], out=tmp_path / "x")
+    with pytest.raises(shoal.ConfigError, match="its weights do not fit this model"):
+        shoal.train(overrides=overrides + ["model.hidden=[8]"], out=tmp_path / "y", progress=False)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

@@ -29,6 +29,18 @@ class ModelConfig(Section):
     name: str = Field("lenet5", description="Model: a registered one or python:FILE.py:FUNCTION | python:package.module:FUNCTION (called as FUNCTION(input_shape=..., num_classes=..., **model.options), returns a torch.nn.Module).", json_schema_extra=_choices(MODELS, plugins=True))
     hidden: PositiveInts = Field([256, 128], description="Hidden layer widths of the mlp model.")
     options: dict[str, Any] = Field({}, description="Keyword arguments of the model factory: a python: one's, or a built-in's (transformer: layers, width, heads).")
+    init_from: str | None = Field(None, description="Warm start: begin from the trained weights of an earlier run (its folder, holding model.safetensors), with the same model; none = the seed's fresh weights. The folder is resolved when the config is read.")
+
+    @field_validator("init_from")
+    @classmethod
+    def _run_with_weights(cls, v: str | None) -> str | None:
+        """a folder holding model.safetensors, made absolute"""
+        if v is None:
+            return v
+        folder = Path(v).expanduser()
+        if not (folder / "model.safetensors").is_file():
+            raise ValueError(f"{v}: no model.safetensors there; name the folder of an earlier run")
+        return str(folder.resolve())
 
     @field_validator("name")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -90,7 +91,20 @@ def build_setup(cfg: Config) -> RunSetup:
 def build_engine(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> GradientEngine:
     """The model (built-in or the user's factory) and the task (loss, metric): the same in every process."""
     model = build_module(cfg.model.name, input_shape, num_classes, hidden=cfg.model.hidden, options=cfg.model.options)
+    if cfg.model.init_from is not None:
+        warm_start(model, Path(cfg.model.init_from))
     return GradientEngine(model, Task.from_config(cfg.task))
+
+
+def warm_start(model: torch.nn.Module, run_dir: Path) -> None:
+    """model.init_from: the weights (and batch-norm statistics) an earlier run ended with."""
+    from safetensors.torch import load_file
+
+    try:
+        model.load_state_dict(load_file(str(run_dir / "model.safetensors")))
+    except (RuntimeError, OSError) as err:
+        raise ConfigError(f"model.init_from {run_dir}: its weights do not fit this model: "
+                          f"{str(err).strip().splitlines()[0][:200]}") from None
 
 
 def check_fit(engine: GradientEngine, dataset: Dataset, cfg: Config) -> None:
