@@ -254,6 +254,8 @@ def test_report_renders_in_headless_chromium(synthetic, tmp_path):
     assert result["errors"] == []
     assert len(result["images"]) == 8 and all(complete and width > 0 for complete, width in result["images"])
     assert result["overlaps"] == []
+    assert "Not reached: the target was never met by 3 evaluations in a row" in dom  # ssp's row, explained
+    assert "rate of the slowest flow" in dom and "12.5 Gbit/s" in dom  # the routing plan, labelled
 
     shot = tmp_path / "shot.png"
     run_chromium(binary, tmp_path / "profile-shot", "--hide-scrollbars", "--window-size=1280,2000",
