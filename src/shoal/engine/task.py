@@ -20,7 +20,7 @@ from torch.nn import functional as F
 
 from shoal.config import TaskConfig
 from shoal.errors import ConfigError
-from shoal.plugins import is_plugin, load_function
+from shoal.plugins import is_plugin, load_function, user_frame
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -91,7 +91,9 @@ class Task:
         try:
             value = float(self.metric_fn(output, target))  # type: ignore[misc]
         except Exception as err:  # noqa: BLE001 - the user's code
-            raise ConfigError(f"task.metric raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
+            where = user_frame(err)
+            raise ConfigError(f"task.metric raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                              f"{f' ({where})' if where else ''}") from None
         return value
 
 
