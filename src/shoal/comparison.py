@@ -267,7 +267,7 @@ def _execute_in_processes(plan: list[PlannedRun], out: Path, progress: "RunsProg
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet_when_idle)
     futures = {pool.submit(_train_quietly, plan[i].cfg, out / plan[i].run_dir): i for i in todo}
     try:
         for future in as_completed(futures):
@@ -296,11 +296,30 @@ def _stop_if_interrupted(plan: list[PlannedRun], summaries: dict[int, dict[str, 
         raise Interrupted(plan, summaries, [i])
 
 
+_RUNNING = {"now": False}  # in a --jobs worker process: whether a run is in progress
+
+
+def _quiet_when_idle() -> None:
+    """A --jobs worker process: Ctrl-C ends the run in progress as interrupted (its summary is written), and an
+    idle process ignores it instead of dying with a traceback."""
+    import signal
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if _RUNNING["now"]:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+
 def _train_quietly(cfg: Config, run_dir: Path) -> dict[str, Any]:
     """One run in a worker process of ``--jobs``."""
     from shoal.runner import train
 
-    return train(cfg, run_dir, overwrite=True)
+    _RUNNING["now"] = True
+    try:
+        return train(cfg, run_dir, overwrite=True)
+    finally:
+        _RUNNING["now"] = False
 
 
 def finished_summary(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
