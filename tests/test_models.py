@@ -17,7 +17,7 @@ def test_config_accepts_exactly_the_registered_models() -> None:
     assert {"lenet5", "mlp", "resnet18", "vgg11"} <= set(MODELS)
     for name in MODELS:
         assert ModelConfig(name=name).name == name
-    with pytest.raises(ValueError, match="unknown model 'lenet6'; use one of " + ", ".join(MODELS.names())):
+    with pytest.raises(ValueError, match="unknown model 'lenet6' \\(did you mean 'lenet5'\\?\\); use one of " + ", ".join(MODELS.names())):
         ModelConfig(name="lenet6")
 
 
