@@ -53,6 +53,7 @@ def main() -> None:
     elif rank == 0:  # hook.state_dict() is the hook's state for a checkpoint (load_state_dict restores it)
         print(f"{args.method}: test accuracy {accuracy:.3f}; sent {hook.bytes_sent / 1e6:.2f} MB of "
               f"{hook.bytes_dense / 1e6:.2f} MB dense ({hook.bytes_sent / hook.bytes_dense:.1%})")
+    dist.barrier()  # neither rank tears gloo down while the other still talks to it
     dist.destroy_process_group()
 
 
