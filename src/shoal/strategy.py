@@ -28,8 +28,9 @@ from shoal.sync.balance import WorkBalancer
 from shoal.sync.base import SchemeSpec, SyncPolicy, build_policy
 from shoal.sync.gssp import GSSP
 from shoal.sync.localsgd import LocalSGD, PeriodicSchedule
+from shoal.sync.streaming import FragmentSchedule
 
-AggregationSchedule = SimilaritySchedule | PeriodicSchedule
+AggregationSchedule = SimilaritySchedule | PeriodicSchedule | FragmentSchedule
 
 
 @dataclass(frozen=True)
@@ -102,12 +103,21 @@ class Strategy:
         return None if outer is None else outer(self.cfg.sync)
 
     @property
+    def overlap(self) -> tuple[int, float]:
+        """``(steps, mixing)``: a sync's result is taken ``steps`` local steps after it was sent, mixed into the
+        local value with weight ``mixing`` on the local side (Streaming DiLoCo); ``(0, 0.0)``: at once, replaced."""
+        steps, mixing = (0, 0.0) if self.scheme.overlap is None else self.scheme.overlap(self.cfg.sync)
+        return (steps, mixing) if steps > 0 else (0, 0.0)
+
+    @property
     def server_optimizer(self) -> OptimizerConfig:
         """What a server steps with: without momentum where the workers already apply it (DGC)."""
         return server_optimizer(self.cfg.compression, self.cfg.optimizer)
 
     def aggregation_schedule(self) -> AggregationSchedule | None:
         """A fresh plan of which tensors are aggregated at which clock: local SGD's fixed one, SIM's measured one, or None."""
+        if self.scheme.schedule is not None:
+            return self.scheme.schedule(self.cfg.sync, self.layout)
         if self.scheme.local_steps is not None:  # balanced steps: every iteration (a period) syncs
             steps = 1 if self.balance == "steps" else self.scheme.local_steps(self.cfg.sync)
             return PeriodicSchedule(len(self.layout), steps)
@@ -127,8 +137,15 @@ class Strategy:
         return worker_codec(self.cfg.compression, self.cfg.run.seed, worker, self.layout, 0, self.cfg.optimizer)
 
     def delta_codec(self, worker: int) -> GradientCodec | None:
-        """The second codec of a worker with a local model: for its local changes, seeded apart."""
-        return worker_codec(self.cfg.compression, self.cfg.run.seed, worker, self.layout, DELTA_SALT, None)
+        """The second codec of a worker with a local model: for its local changes, seeded apart.
+
+        A scheme whose outer gradients have their own quantiser (Streaming DiLoCo's ``outer_quantization``)
+        uses it, with error feedback; otherwise the changes travel with ``compression.method``.
+        """
+        compression = self.cfg.compression
+        if self.scheme.outer_codec is not None and (method := self.scheme.outer_codec(self.cfg.sync)) != "none":
+            compression = compression.model_copy(update={"method": method, "error_feedback": True})
+        return worker_codec(compression, self.cfg.run.seed, worker, self.layout, DELTA_SALT, None)
 
     def exchange_codec(self, group: int) -> GradientCodec | None:
         """The codec a GSSP group server compresses its own delta with."""

@@ -37,12 +37,21 @@ class LocalModel:
     def params(self) -> torch.Tensor:
         return self.replica.params.detach()
 
-    def pull(self, server_params: torch.Tensor, take: Sequence[bool]) -> int:
-        """Take the server's value of the tensors marked in ``take``; return how many values came."""
+    def pull(self, server_params: torch.Tensor, take: Sequence[bool], mixing: float = 0.0) -> int:
+        """Take the server's value of the tensors marked in ``take``; return how many values came.
+
+        ``mixing`` (Streaming DiLoCo's overlap): the local value becomes
+        ``mixing * local + (1 - mixing) * server``, keeping part of the local
+        steps taken while the server's value was on its way; the base (what
+        the next change is measured from) is the server's value either way.
+        """
         values = 0
         for sl, numel, fresh in zip(self.slices, self.numels, take):
             if fresh:
-                self.params[sl] = server_params[sl]
+                if mixing:
+                    self.params[sl] = torch.lerp(server_params[sl], self.params[sl], mixing)
+                else:
+                    self.params[sl] = server_params[sl]
                 self.base[sl] = server_params[sl]
                 values += numel
         return values

@@ -132,3 +132,100 @@ class QSGD(Compressor):
 
     def nominal_bytes(self, numel: int, density: float) -> int:
         return 4 * math.ceil(numel / self._bucket(numel)) + math.ceil(numel * self.bits / 8)
+
+
+#: values sharing one scale in the block-scaled formats (int8, fp4), as the OCP microscaling formats do
+BLOCK = 32
+
+
+def block_view(tensor: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, int]:
+    """The flat values zero-padded into rows of ``block``, and how many values there were."""
+    flat = tensor.reshape(-1).to(torch.float32)
+    numel = flat.numel()
+    rows = max(1, math.ceil(numel / block))
+    padded = torch.zeros(rows * block, dtype=torch.float32)
+    padded[:numel] = flat
+    return padded.view(rows, block), numel
+
+
+class BlockScaled(Compressor):
+    """Round every value to a small grid scaled per block of 32 values (deterministic, so biased).
+
+    Each block's scale is its largest magnitude over the grid's largest
+    point, sent as float32; a value travels as the index of its nearest
+    grid point with its sign. Error feedback carries the rounding error into
+    the next message (``compression.error_feedback``).
+    """
+
+    unbiased = False
+    #: the non-negative grid points, ascending, starting at 0
+    grid: torch.Tensor
+    #: bits of one value's code (sign included)
+    bits: int
+
+    def _codes(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        blocks, numel = block_view(tensor)
+        top = float(self.grid[-1])
+        scales = blocks.abs().amax(dim=1) / top
+        safe = torch.where(scales > 0, scales, torch.ones_like(scales)).unsqueeze(1)
+        scaled = (blocks.abs() / safe).reshape(-1)[:numel]
+        index = torch.bucketize(scaled, (self.grid[1:] + self.grid[:-1]) / 2)  # the nearest grid point
+        negative = blocks.reshape(-1)[:numel] < 0
+        return scales, index + negative.to(torch.int64) * len(self.grid), numel
+
+    def _values(self, scales: torch.Tensor, codes: torch.Tensor, numel: int) -> torch.Tensor:
+        size = len(self.grid)
+        magnitude = self.grid[codes % size]
+        signed = torch.where(codes >= size, -magnitude, magnitude)
+        return signed * scales.repeat_interleave(BLOCK)[:numel]
+
+    def nominal_bytes(self, numel: int, density: float) -> int:
+        return 4 * max(1, math.ceil(numel / BLOCK)) + math.ceil(numel * self.bits / 8)
+
+
+@COMPRESSORS.register("int8", "8-bit integers with a float32 scale per 32-value block (1.125 bytes a value)")
+class Int8(BlockScaled):
+    """Symmetric int8: ``round(v / s)`` in [-127, 127] with ``s`` = the block's largest magnitude / 127.
+
+    A value's error is at most ``s / 2`` (1/254 of its block's largest
+    magnitude). Wire: float32 scales and one int8 a value.
+    """
+
+    name = "int8"
+    grid = torch.arange(128, dtype=torch.float32)
+    bits = 8
+
+    def compress(self, tensor: torch.Tensor, density: float) -> Payload:
+        scales, codes, _ = self._codes(tensor)
+        size = len(self.grid)
+        signed = torch.where(codes >= size, -(codes - size), codes)
+        return Payload((scales, signed.to(torch.int8)), tensor.shape)
+
+    def decompress(self, payload: Payload) -> torch.Tensor:
+        scales, values = payload.tensors
+        numel = values.numel()
+        return (values.to(torch.float32) * scales.repeat_interleave(BLOCK)[:numel]).view(payload.ctx)
+
+
+@COMPRESSORS.register("fp4", "4-bit floats (E2M1) with a float32 scale per 32-value block (0.625 bytes a value)")
+class FP4(BlockScaled):
+    """FP4 E2M1, as in the OCP MXFP4 format: magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6} times the block's scale.
+
+    ``s`` = the block's largest magnitude / 6, and a value rounds to the
+    nearest point, so its error is at most half the gap it falls in: s / 4
+    below 2s, s / 2 below 4s, s up to 6s. Wire: float32 scales and 4 bits
+    a value (sign, then the point's index), two values a byte.
+    """
+
+    name = "fp4"
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    bits = 4
+
+    def compress(self, tensor: torch.Tensor, density: float) -> Payload:
+        scales, codes, _ = self._codes(tensor)
+        return Payload((scales, pack_bits(codes, self.bits)), tensor.shape)
+
+    def decompress(self, payload: Payload) -> torch.Tensor:
+        scales, packed = payload.tensors
+        numel = math.prod(payload.ctx)
+        return self._values(scales, unpack_bits(packed, numel, self.bits), numel).view(payload.ctx)

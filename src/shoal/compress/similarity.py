@@ -115,6 +115,10 @@ class SimilaritySchedule:
             self._plans[clock] = tuple(self._decide(t, clock) for t in self.tensors)
         return self._plans[clock]
 
+    def fresh(self, clock: int) -> tuple[bool, ...]:
+        """The tensors a worker takes from the server before step ``clock``: those aggregated at the previous clock."""
+        return self.plan(clock - 1)
+
     def _decide(self, t: TensorSchedule, clock: int) -> bool:
         if clock < self.warmup:
             due = True

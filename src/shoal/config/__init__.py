@@ -17,13 +17,14 @@ from shoal.config.sections import (BackendConfig, ClusterConfig, CompressionConf
                                    MembershipChange, ModelConfig, NetworkConfig, OptimizerConfig, RunConfig,
                                    SimilarityConfig, SpeedChange, StragglerConfig, TaskConfig)
 from shoal.config.sync import (FLAT_KEY_SECTIONS, DiLoCoOptions, GSSPOptions, KBatchOptions, LocalSGDOptions,
-                               SSPOptions, SyncConfig)
+                               SSPOptions, StreamingDiLoCoOptions, SyncConfig, fragment_offsets, max_overlap,
+                               turn_spacing)
 from shoal.errors import ConfigError
 
 __all__ = [
     "FLAT_KEY_SECTIONS", "BackendConfig", "ClusterConfig", "CompressionConfig", "Config", "ConfigError", "DataConfig",
     "DiLoCoOptions", "GDTopKConfig", "GSSPOptions", "KBatchOptions", "LocalSGDOptions", "MembershipChange",
     "ModelConfig", "NetworkConfig", "OptimizerConfig", "RunConfig", "SSPOptions", "Section", "SimilarityConfig",
-    "SpeedChange", "StragglerConfig", "SyncConfig", "TaskConfig", "apply_overrides", "build_config", "load_config",
-    "parse_override", "to_toml", "toml_value",
+    "SpeedChange", "StragglerConfig", "StreamingDiLoCoOptions", "SyncConfig", "TaskConfig", "apply_overrides",
+    "build_config", "fragment_offsets", "load_config", "max_overlap", "parse_override", "to_toml", "toml_value", "turn_spacing",
 ]

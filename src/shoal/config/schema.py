@@ -64,6 +64,7 @@ class Config(Section):
         - `network.aggregation = "ina"` needs one synchronous round (`sync.scheme = "bsp"`) and dense gradients; `network.worker_hosts`, when given, names one host per worker
         - `cluster.membership` needs the server path: no all-reduce groups, no in-network aggregation
         - `sync.balance` needs a scheme that supports the mode, `data.batch_size` within [`balance.min_batch`, `balance.max_batch`], and the server path or all-reduce groups of a fixed membership (no in-network aggregation, no `cluster.membership`, no `backend.sim_checkpoint_every_s`)
+        - an overlapped exchange (`sync.streaming_diloco.overlap_steps` > 0) waits for a fixed set of workers: no `cluster.membership`
         - `backend.sim_checkpoint_every_s` needs rounds that every worker ends by waiting: sync.scheme = "bsp" on the server path, without SIM, in-network aggregation, membership or speed changes
         """
         if self.task.higher_is_better is None and self.task.metric.startswith("python:"):
@@ -98,6 +99,9 @@ class Config(Section):
                              "network.aggregation = \"none\")")
         if self.sync.balance != "none":
             self._check_balance(scheme)
+        if scheme.overlap is not None and scheme.overlap(self.sync)[0] > 0 and self.cluster.membership:
+            raise ValueError(f"cluster.membership: an overlapped exchange (sync.{self.sync.scheme}.overlap_steps) "
+                             "waits for a fixed set of workers; use overlap_steps = 0 with membership changes")
         if self.backend.sim_checkpoint_every_s > 0:
             plain_rounds = (scheme.ina and self.sync.intra_group == "server" and not self.compression.similarity.enabled
                             and self.network.aggregation == "server" and not self.cluster.membership

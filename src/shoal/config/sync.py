@@ -7,6 +7,7 @@ that has it, with one ``ConfigDeprecation`` warning per key.
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any, Literal
 
@@ -68,6 +69,71 @@ class DiLoCoOptions(Section):
     outer_momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum of the outer step (DiLoCo: 0.9).")
 
 
+class StreamingDiLoCoOptions(Section):
+    """``[sync.streaming_diloco]``: DiLoCo one fragment at a time, overlapped, optionally quantised (docs/low-communication.md)."""
+
+    local_steps: int = Field(32, ge=1, description="Inner steps between two outer steps of the same fragment (H); the fragments' turns are staggered every H / fragments steps.")
+    fragments: int = Field(4, ge=1, description="Fragments the model's tensors are cut into (P); each is synchronised once every local_steps, so a worker's peak upload is about 1/P of DiLoCo's.")
+    fragment_pattern: str | None = Field(None, description="A regular expression with one group capturing a layer number (for example 'blocks\\.(\\d+)\\.'): a matching tensor goes to fragment number % fragments (the paper's strided layers), the others to the smallest fragment; none = contiguous runs of tensors of about equal size.")
+    overlap_steps: int = Field(1, ge=0, description="Inner steps a fragment's outer all-reduce overlaps (tau): a worker sends at the end of step t and takes the result before step t + tau + 1; 0 = wait for it. Below local_steps / fragments.")
+    mixing: float = Field(0.5, ge=0, le=1, description="With overlap_steps > 0: the worker's fragment becomes mixing x its local value + (1 - mixing) x the new global value, keeping part of what its overlapped steps did (0 = take the global value).")
+    outer_lr: float = Field(0.7, gt=0, description="Learning rate of the outer Nesterov SGD on each fragment's averaged pseudo-gradient.")
+    outer_momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum of the outer step (per fragment).")
+    outer_quantization: Literal["none", "int8", "fp4"] = Field("none", description="How the outer gradients travel: none = float32; int8 = one byte a value; fp4 = 4-bit floats (E2M1) a value; both with a scale per 32-value block and error feedback (what a quantiser dropped is added to the fragment's next change).")
+
+    @field_validator("fragment_pattern")
+    @classmethod
+    def _valid_pattern(cls, v: str | None) -> str | None:
+        """a regular expression with a group"""
+        if v is None:
+            return v
+        try:
+            compiled = re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        if compiled.groups < 1:
+            raise ValueError("needs a group that captures the layer number, for example 'blocks\\.(\\d+)\\.'")
+        return v
+
+    @model_validator(mode="after")
+    def _turns_fit(self) -> "StreamingDiLoCoOptions":
+        """fragments <= local_steps, overlap below the spacing of two turns"""
+        if self.fragments > self.local_steps:
+            raise ValueError(f"fragments ({self.fragments}) must not exceed local_steps ({self.local_steps}): "
+                             "each fragment needs its own turn in a period")
+        limit = max_overlap(self.local_steps, self.fragments)
+        if self.overlap_steps > limit:
+            raise ValueError(f"overlap_steps ({self.overlap_steps}) must be at most {limit} with {self.fragments} "
+                             f"fragments over {self.local_steps} local steps: a fragment's result is taken before "
+                             "the next fragment is sent, and a step after the fragment's own last turn")
+        return self
+
+
+def fragment_offsets(local_steps: int, fragments: int) -> tuple[int, ...]:
+    """Fragment p is synchronised at the end of local step t (1-based) when ``t % H == offsets[p]``.
+
+    The turns are staggered evenly over the period, ``(p + 1) * H // P``
+    modulo H, so the last fragment keeps DiLoCo's turn (every H-th step) and
+    one fragment (P = 1) is DiLoCo exactly.
+    """
+    if not 1 <= fragments <= local_steps:
+        raise ValueError(f"{fragments} fragments need 1 to local_steps ({local_steps}) turns a period")
+    return tuple(((p + 1) * local_steps // fragments) % local_steps for p in range(fragments))
+
+
+def turn_spacing(local_steps: int, fragments: int) -> int:
+    """The fewest local steps between two fragments' turns (the period itself for one fragment)."""
+    turns = sorted(o or local_steps for o in fragment_offsets(local_steps, fragments))
+    return min([b - a for a, b in zip(turns, turns[1:])] + [turns[0] + local_steps - turns[-1]])
+
+
+def max_overlap(local_steps: int, fragments: int) -> int:
+    """The most inner steps a fragment's all-reduce may overlap: its result must arrive before the next
+    fragment is sent (below the spacing of two turns) and at least one local step after its own previous turn
+    (below the period), so a sync always carries a change, never a fresh gradient."""
+    return max(0, min(turn_spacing(local_steps, fragments), local_steps - 1) - 1)
+
+
 class KBatchOptions(Section):
     """``[sync.kbatch]``: K-batch synchronous SGD."""
 
@@ -88,6 +154,7 @@ class SyncConfig(Section):
     localsgd: LocalSGDOptions = LocalSGDOptions()
     diloco: DiLoCoOptions = DiLoCoOptions()
     kbatch: KBatchOptions = KBatchOptions()
+    streaming_diloco: StreamingDiLoCoOptions = StreamingDiLoCoOptions()
 
     @model_validator(mode="before")
     @classmethod

@@ -28,6 +28,16 @@ class WorkerStats:
     compute_s: float = 0.0
     wait_s: float = 0.0
     comm_s: float = 0.0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    #: the largest single upload: what the link must carry at once (Streaming DiLoCo cuts it by its fragments)
+    peak_push_bytes: int = 0
+
+    def sent(self, up: int, down: int) -> None:
+        """Count one iteration's upload and download."""
+        self.bytes_up += int(up)
+        self.bytes_down += int(down)
+        self.peak_push_bytes = max(self.peak_push_bytes, int(up))
 
 
 @dataclass
@@ -178,6 +188,7 @@ def build_summary(
         "iterations": recorder.iterations,
         "bytes_up": int(recorder.bytes_up),
         "bytes_down": int(recorder.bytes_down),
+        "peak_push_bytes": max((w.peak_push_bytes for w in workers), default=0),
         "groups": groups,
         "per_worker": [_rounded(asdict(w)) for w in workers],
         **(extra or {}),

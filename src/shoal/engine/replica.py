@@ -140,15 +140,21 @@ class Replica:
                 for sl in frozen:
                     tensor[sl] = 0
 
-    def add_delta(self, deltas: Sequence[torch.Tensor], weight: float) -> None:
+    def add_delta(self, deltas: Sequence[torch.Tensor], weight: float,
+                  only: Sequence[slice] | None = None) -> None:
         """Move the parameters by ``weight * sum(deltas)`` (SIM, local SGD: the workers' accumulated local changes).
 
         With an outer optimizer (DiLoCo) ``-weight * sum(deltas)`` is its
-        pseudo-gradient instead: one Nesterov SGD step on it.
+        pseudo-gradient instead: one Nesterov SGD step on it. ``only``: the
+        outer step touches just these slices (a Streaming DiLoCo fragment),
+        whose momentum alone decays, as if every fragment had its own outer
+        optimizer.
         """
         total = torch.stack(list(deltas)).sum(0) if len(deltas) > 1 else deltas[0].clone()
         total.mul_(weight)
-        if self.outer_optimizer is not None:
+        if self.outer_optimizer is not None and only is not None:
+            total = self._outer_step_on(total.neg_(), only)
+        elif self.outer_optimizer is not None:
             before = self.params.detach().clone()
             self.params.grad = total.neg_()
             self.outer_optimizer.step()
@@ -160,6 +166,26 @@ class Replica:
         if self.own_params is not None:
             self.own_params.add_(total)
         self.version += 1
+
+    def _outer_step_on(self, grad: torch.Tensor, only: Sequence[slice]) -> torch.Tensor:
+        """Nesterov SGD on the slices ``only`` (torch's update, restricted): the parameters' change."""
+        assert self.outer_optimizer is not None
+        group = self.outer_optimizer.param_groups[0]
+        lr, momentum = group["lr"], group["momentum"]
+        state = self.outer_optimizer.state[self.params]
+        if momentum and "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(self.params.detach())
+        change = torch.zeros_like(grad)
+        with torch.no_grad():
+            for sl in only:
+                step = grad[sl]
+                if momentum:
+                    buffer = state["momentum_buffer"][sl]
+                    buffer.mul_(momentum).add_(step)
+                    step = step.add(buffer, alpha=momentum)
+                change[sl] = step.mul(-lr)
+                self.params[sl] += change[sl]
+        return change
 
     def set_lr(self, lr: float) -> None:
         """Change the learning rate (a step of the decay schedule)."""
@@ -195,3 +221,8 @@ class Replica:
                 self.buffers.add_(delta, alpha=weight)
                 if self.own_buffers is not None:
                     self.own_buffers.add_(delta, alpha=weight)
+
+
+def masked_slices(slices: Sequence[slice], mask: Sequence[bool]) -> list[slice] | None:
+    """The slices ``mask`` marks, or None when it marks every one (``Replica.add_delta``'s ``only``)."""
+    return None if all(mask) else [sl for sl, take in zip(slices, mask) if take]

@@ -7,5 +7,7 @@ backends and the tests drive the same objects.
 from shoal.sync.base import SyncPolicy
 from shoal.sync.localsgd import LocalSGD, PeriodicSchedule
 from shoal.sync.policies import ASP, BSP, SSP, PacedSSP, make_policy
+from shoal.sync.streaming import FragmentSchedule, StreamingDiLoCo, assign_fragments
 
-__all__ = ["ASP", "BSP", "LocalSGD", "PacedSSP", "PeriodicSchedule", "SSP", "SyncPolicy", "make_policy"]
+__all__ = ["ASP", "BSP", "FragmentSchedule", "LocalSGD", "PacedSSP", "PeriodicSchedule", "SSP", "StreamingDiLoCo",
+           "SyncPolicy", "assign_fragments", "make_policy"]

@@ -170,6 +170,14 @@ class SchemeSpec:
     baseline: bool = True
     #: the ``sync.balance`` modes it supports (work sized to speed: ``sync/balance.py``)
     balance: tuple[str, ...] = ()
+    #: its own aggregation plan ``schedule(sync, layout)`` (which tensors travel at which clock), instead of
+    #: "everything every local_steps" (Streaming DiLoCo's fragments)
+    schedule: Callable[[Any, Sequence[Any]], Any] | None = None
+    #: ``(steps, mixing) = overlap(sync)``: a sync's result is taken ``steps`` local steps after it was sent,
+    #: mixed with the local value as ``mixing * local + (1 - mixing) * global`` (Streaming DiLoCo)
+    overlap: Callable[[Any], tuple[int, float]] | None = None
+    #: the compressor its outer gradients (local changes) travel with, ``outer_codec(sync)`` ("none": dense)
+    outer_codec: Callable[[Any], str] | None = None
 
     @property
     def local_models(self) -> bool:

@@ -69,6 +69,10 @@ class PeriodicSchedule:
     def plan(self, clock: int) -> tuple[bool, ...]:
         return (clock < 0 or (clock + 1) % self.local_steps == 0,) * self.num_tensors
 
+    def fresh(self, clock: int) -> tuple[bool, ...]:
+        """The tensors a worker takes from the server before step ``clock``: those aggregated at the previous clock."""
+        return self.plan(clock - 1)
+
     def record_saved(self, plan: Iterable[bool], nbytes_per_value: int = 4) -> None:
         """Nothing to account: skipping is the scheme itself, not a saving."""
 

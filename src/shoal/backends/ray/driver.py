@@ -222,8 +222,10 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         stats.wait_s += r["wait_s"]
         stats.compute_s += r["compute_s"]
         stats.comm_s += r["comm_s"]
+        down = r.get("bytes_down", self.setup.download_bytes)
+        stats.sent(r["bytes_up"], down)
         self.recorder.bytes_up += r["bytes_up"]
-        self.recorder.bytes_down += r.get("bytes_down", self.setup.download_bytes)
+        self.recorder.bytes_down += down
         self.recorder.iteration(
             t=r["t"], worker=w, group=stats.group, clock=r["clock"], staleness=r["staleness"],
             compute_s=r["compute_s"], wait_s=r["wait_s"], comm_s=r["comm_s"], pull_s=r["pull_s"], loss=r["loss"],

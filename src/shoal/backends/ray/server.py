@@ -36,7 +36,7 @@ from shoal.backends.ray.wire import MOVED, OK, STOP, Link, as_tensor, pack, quie
 from shoal.compress import GradientCodec
 from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
 from shoal.config import OptimizerConfig
-from shoal.engine.replica import Replica
+from shoal.engine.replica import Replica, masked_slices
 from shoal.sync import PeriodicSchedule, SyncPolicy
 from shoal.sync.balance import WorkBalancer
 from shoal.sync.policies import PacedSSP
@@ -237,7 +237,7 @@ class GroupServer:
         assert self.schedule is not None and self.policy is not None and self.replica is not None
         clock = self.policy.clocks[worker]
         plan = self.schedule.plan(clock)
-        fresh = (True,) * len(plan) if worker in self.force_pull else self.schedule.plan(clock - 1)
+        fresh = (True,) * len(plan) if worker in self.force_pull else self.schedule.fresh(clock)
         self.force_pull.discard(worker)
         self.schedule.record_saved(fresh)  # download
         self.schedule.record_saved(plan)  # upload
@@ -350,7 +350,7 @@ class GroupServer:
                 frozen = [sl for sl, g in zip(self.slices, grad_mask) if not g]
                 self.replica.apply([g for g, _ in same], self.weight, frozen=frozen)
             if any(delta_mask):
-                self.replica.add_delta([d for _, d in same], self.weight)
+                self.replica.add_delta([d for _, d in same], self.weight, masked_slices(self.slices, delta_mask))
         if self.schedule.periodic:
             return
         for grad, _, sim in pushes:

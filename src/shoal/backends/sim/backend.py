@@ -29,6 +29,7 @@ from shoal.backends.sim.balance import SimBalance
 from shoal.backends.sim.checkpoints import SimCheckpoints, at
 from shoal.backends.sim.groups import SimGroups
 from shoal.backends.sim.membership import SimMembership
+from shoal.backends.sim.overlap import SimOverlap
 from shoal.backends.sim.server import Pulled, Push, SimServer
 from shoal.compress import GradientCodec
 from shoal.compress.similarity import similarity_summary
@@ -43,7 +44,7 @@ from shoal.sync import SyncPolicy
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance):
+class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverlap):
     """Runs one configured training (or cost-only) simulation to its stopping rule."""
 
     def __init__(self, setup: RunSetup, recorder: RunRecorder, progress: ProgressFn | None = None,
@@ -76,6 +77,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance):
         self.delta_codecs = self._make_codecs(self.strategy.delta_codec) if self.locals else []
         self.exchange_codecs: list[GradientCodec] = []
         self.force_pull: set[int] = set()
+        self.overlap, self.mixing = self._init_overlap()  # Streaming DiLoCo: exchanges beside inner steps
         plan = setup.aggregation
         self._switch_links = {s: SharedLink(self.env, bps) for s, bps in plan.switch_bps.items()} if plan else {}
         self._switch_streams: dict[tuple[str, int], list[Any]] = {}
@@ -152,11 +154,14 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance):
 
             server = self.server_of(w)
             t1 = self.env.now
+            if self.overlap:  # the exchange whose result this step takes must have come back
+                yield from self._exchanged(w, server.policy.clocks[w] - 1 - self.overlap)
             pulled_version = server.version
             pulled = self._pull(w, server)
             if self.allreduce:  # every worker holds the replica itself: nothing to download
                 pulled = replace(pulled, nbytes=0)
-            if pulled.nbytes:  # a local step (local SGD between syncs) contacts nobody
+            overlapped = self.overlap and pulled.clock > 0  # its download came with the exchange
+            if pulled.nbytes and not overlapped:  # a local step (local SGD between syncs) contacts nobody
                 yield self.env.timeout(profile.latency_s)
                 yield server.egress.transfer(pulled.nbytes, profile.link_bps)
             pull_s = self.env.now - t1
@@ -172,6 +177,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance):
             if self.allreduce:
                 push = replace(push, nbytes=ring_bytes)
                 yield self.env.timeout(ring_s)
+            elif push.nbytes and self.overlap:  # Streaming DiLoCo: the exchange runs beside the next steps
+                self._start_exchange(w, server, push, pulled.clock)
             elif push.nbytes:
                 yield self.env.timeout(profile.latency_s)
                 if w in self.departed:
@@ -238,9 +245,10 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance):
             return Pulled(params, buffers, self.setup.download_bytes)
         clock = server.policy.clocks[w]
         plan = server.schedule.plan(clock)
-        fresh = (True,) * len(plan) if w in self.force_pull else server.schedule.plan(clock - 1)
+        mixing = self.mixing if clock > 0 and w not in self.force_pull else 0.0  # an overlapped result
+        fresh = (True,) * len(plan) if w in self.force_pull else server.schedule.fresh(clock)
         self.force_pull.discard(w)
-        values = self.locals[w].pull(params, fresh)
+        values = self.locals[w].pull(params, fresh, mixing)
         server.schedule.record_saved(fresh)  # download
         server.schedule.record_saved(plan)  # upload
         buffer_values = self._buffer_values(server.schedule, fresh)
@@ -330,6 +338,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance):
         stats.wait_s += waited
         stats.compute_s += compute
         stats.comm_s += comm
+        stats.sent(up_bytes, down_bytes)
         self.recorder.bytes_up += up_bytes
         self.recorder.bytes_down += down_bytes
 

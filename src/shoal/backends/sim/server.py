@@ -17,7 +17,7 @@ import torch
 
 from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
 from shoal.engine.cost import SharedLink
-from shoal.engine.replica import Replica
+from shoal.engine.replica import Replica, masked_slices
 from shoal.sync import SyncPolicy
 from shoal.sync.localsgd import PeriodicSchedule
 
@@ -153,7 +153,7 @@ class SimServer:
                 frozen = [sl for sl, g in zip(self.slices, grad_mask) if not g]
                 self.replica.apply([p.grad for p in same], self.weight, frozen=frozen)
             if any(delta_mask):
-                self.replica.add_delta([p.delta for p in same], self.weight)
+                self.replica.add_delta([p.delta for p in same], self.weight, masked_slices(self.slices, delta_mask))
         if self.schedule.periodic:
             return
         for push in pushes:

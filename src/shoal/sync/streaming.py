@@ -1,0 +1,196 @@
+"""Streaming DiLoCo: DiLoCo that synchronises one fragment of the model at a time, overlapped with compute.
+
+Douillard et al. (2025), "Streaming DiLoCo with overlapping communication":
+the model's tensors are cut into ``P`` fragments; fragment ``p`` is
+synchronised once every ``H`` local steps like DiLoCo, but the fragments'
+turns are staggered (every ``H / P`` steps one of them), so a worker never
+sends the whole model at once: its peak upload is about ``1 / P`` of
+DiLoCo's. With ``overlap_steps = tau`` a worker sends fragment ``p``'s change
+at the end of step ``t`` and keeps computing; it takes the fragment's new
+global value only before step ``t + tau + 1``, mixing it with what its own
+``tau`` steps did meanwhile (``theta <- alpha theta_local + (1 - alpha)
+theta_global``, ``alpha = sync.streaming_diloco.mixing``). The outer
+gradients may travel quantised (``outer_quantization``: int8 or fp4, with
+error feedback, compress/quantize.py).
+
+Pure parts only: the fragment assignment, the per-tensor plan
+(``FragmentSchedule``, the same questions SIM's schedule answers) and the
+gate (``StreamingDiLoCo``). The backends drive them as they drive local
+SGD: workers step their own models (backends/local_model.py), the server
+takes a per-tensor outer Nesterov step (``Replica.add_delta`` with a mask).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from shoal.config import fragment_offsets, max_overlap
+from shoal.sync.base import SchemeSpec, register_scheme
+from shoal.sync.localsgd import LocalSGD
+
+
+def assign_fragments(names: Sequence[str], numels: Sequence[int], fragments: int,
+                     pattern: str | None = None) -> tuple[int, ...]:
+    """Each tensor's fragment, in ``[0, fragments)``.
+
+    Without a pattern the tensors, in model order, are cut into ``fragments``
+    contiguous runs of about equal size (a run ends once it holds its share
+    of the values). With a pattern (a regular expression with one group that
+    captures a number, e.g. ``blocks\\.(\\d+)\\.``), a matching tensor goes
+    to fragment ``number % fragments`` (the paper's strided layers), and
+    every other tensor (embeddings, the last norm) to the fragment that holds
+    the fewest values at that point. Every fragment must get a tensor.
+    """
+    if fragments < 1:
+        raise ValueError("fragments must be >= 1")
+    if fragments > len(names):
+        raise ValueError(f"{fragments} fragments but the model has only {len(names)} parameter tensors")
+    out = [0] * len(names)
+    if pattern is None:
+        total, done, fragment = sum(numels), 0, 0
+        for i, numel in enumerate(numels):
+            remaining_tensors = len(names) - i
+            if fragment < fragments - 1 and (done >= total * (fragment + 1) / fragments
+                                             or remaining_tensors <= fragments - 1 - fragment):
+                fragment += 1
+            out[i] = fragment
+            done += numel
+        return tuple(out)
+    regex = re.compile(pattern)
+    sizes = [0] * fragments
+    unmatched = []
+    for i, name in enumerate(names):
+        match = regex.search(name)
+        if match is None or not match.groups() or not (match.group(1) or "").isdigit():
+            unmatched.append(i)
+            continue
+        out[i] = int(match.group(1)) % fragments
+        sizes[out[i]] += numels[i]
+    for i in unmatched:
+        out[i] = min(range(fragments), key=lambda f: (sizes[f], f))
+        sizes[out[i]] += numels[i]
+    empty = [f for f in range(fragments) if f not in out]
+    if empty:
+        raise ValueError(f"the fragment pattern {pattern!r} leaves fragment(s) {empty} without a tensor")
+    return tuple(out)
+
+
+class FragmentSchedule:
+    """The aggregation plan of Streaming DiLoCo: fragment p's tensors at its staggered turn, every H steps.
+
+    ``plan(clock)`` says which tensors the push that ends local step
+    ``clock`` (0-based) carries; ``fresh(clock)`` which tensors a worker takes
+    from the server before step ``clock``: those sent ``overlap`` steps
+    earlier (the whole model before the first step).
+    """
+
+    periodic = True
+
+    def __init__(self, fragment_of: Sequence[int], local_steps: int, fragments: int, overlap: int = 0) -> None:
+        self.fragment_of = tuple(fragment_of)
+        self.local_steps = local_steps
+        self.fragments = fragments
+        self.overlap = overlap
+        self.offsets = fragment_offsets(local_steps, fragments)
+        if not 0 <= overlap <= max_overlap(local_steps, fragments):
+            raise ValueError(f"overlap_steps must be in [0, {max_overlap(local_steps, fragments)}] with {fragments} "
+                             f"fragments over {local_steps} local steps")
+
+    @property
+    def num_tensors(self) -> int:
+        return len(self.fragment_of)
+
+    def fragment_at(self, clock: int) -> int | None:
+        """The fragment the push ending local step ``clock`` carries, or None (a plain local step)."""
+        turn = (clock + 1) % self.local_steps
+        return self.offsets.index(turn) if clock >= 0 and turn in self.offsets else None
+
+    def plan(self, clock: int) -> tuple[bool, ...]:
+        if clock < 0:
+            return (True,) * self.num_tensors
+        fragment = self.fragment_at(clock)
+        return tuple(f == fragment for f in self.fragment_of) if fragment is not None else (False,) * self.num_tensors
+
+    def fresh(self, clock: int) -> tuple[bool, ...]:
+        """The tensors to take from the server before local step ``clock``: everything before the first step,
+        then the fragment sent at the end of step ``clock - 1 - overlap``."""
+        if clock <= 0:
+            return (True,) * self.num_tensors
+        sent = clock - 1 - self.overlap
+        return self.plan(sent) if sent >= 0 else (False,) * self.num_tensors
+
+    def record_saved(self, plan: Iterable[bool], nbytes_per_value: int = 4) -> None:
+        """Nothing to account: skipping is the scheme itself, not a saving."""
+
+    def finish_clocks(self, meters: dict, min_clock: int) -> list[int]:
+        meters.clear()
+        return []
+
+    def reset(self) -> None:
+        """Turns do not change at a learning-rate decay."""
+
+    def restarted(self, keep_bytes: bool = True) -> "FragmentSchedule":
+        return FragmentSchedule(self.fragment_of, self.local_steps, self.fragments, self.overlap)
+
+    def clone(self) -> "FragmentSchedule":
+        return self.restarted()
+
+    def state(self) -> dict[str, list]:
+        return {}
+
+
+class StreamingDiLoCo(LocalSGD):
+    """Gate a worker only for the fragment results it is about to take.
+
+    Before local step ``k`` a worker needs every fragment sent at the end of
+    a step ``c`` with ``c + 1 + overlap <= k``: it waits until every worker
+    has pushed clock ``c``. The pushes of a fragment's turn form one round,
+    as a BSP round does. ``overlap`` is below the spacing of two turns, so a
+    worker never sends a fragment before the previous round is complete.
+    """
+
+    name = "streaming_diloco"
+
+    def __init__(self, workers: Iterable[int], schedule: FragmentSchedule) -> None:
+        super().__init__(workers, schedule.local_steps)
+        self.schedule = schedule
+
+    def is_sync(self, clock: int) -> bool:
+        return self.schedule.fragment_at(clock) is not None
+
+    def start_threshold(self, worker: int) -> int | None:
+        due = self.clocks[worker] - self.schedule.overlap  # every turn ending at or before this must be complete
+        latest = 0
+        for offset in self.schedule.offsets:
+            turn = due - (due - offset) % self.local_steps  # the last step number <= due at this fragment's turn
+            if turn >= 1:
+                latest = max(latest, turn)
+        return latest
+
+
+def streaming_schedule(sync, layout) -> FragmentSchedule:  # noqa: ANN001 (config section and layout)
+    """The fragment plan of ``[sync.streaming_diloco]`` over a model layout."""
+    opts = sync.streaming_diloco
+    fragment_of = assign_fragments([s.name for s in layout], [s.numel for s in layout], opts.fragments,
+                                   opts.fragment_pattern)
+    return FragmentSchedule(fragment_of, opts.local_steps, opts.fragments, opts.overlap_steps)
+
+
+def _policy(workers: Sequence[int], sync) -> StreamingDiLoCo:  # noqa: ANN001
+    opts = sync.streaming_diloco
+    # the gate needs only the turns, not the layout: one tensor per fragment stands in for it
+    return StreamingDiLoCo(workers, FragmentSchedule(range(opts.fragments), opts.local_steps, opts.fragments,
+                                                     opts.overlap_steps))
+
+
+register_scheme(SchemeSpec("streaming_diloco", policy=_policy,
+                           local_steps=lambda sync: sync.streaming_diloco.local_steps,
+                           outer=lambda sync: (sync.streaming_diloco.outer_lr, sync.streaming_diloco.outer_momentum),
+                           schedule=streaming_schedule,
+                           overlap=lambda sync: (sync.streaming_diloco.overlap_steps, sync.streaming_diloco.mixing),
+                           outer_codec=lambda sync: sync.streaming_diloco.outer_quantization,
+                           color="#e377c2",
+                           grid=(("sync.streaming_diloco.outer_lr", (0.4, 0.7, 1.0)),)),
+                "Streaming DiLoCo: DiLoCo one fragment at a time on a staggered schedule, its outer all-reduce "
+                "overlapped with the next inner steps, outer gradients optionally int8/fp4")

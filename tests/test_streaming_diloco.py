@@ -1,0 +1,250 @@
+"""Streaming DiLoCo (sync/streaming.py, backends/sim/overlap.py) and the int8/fp4 quantisers of its outer gradients."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.backends.local_model import LocalModel
+from shoal.backends.sim import SimBackend
+from shoal.compress.quantize import BLOCK, FP4, Int8
+from shoal.config import ConfigError, load_config
+from shoal.engine.metrics import RunRecorder
+from shoal.engine.replica import Replica
+from shoal.engine.setup import build_setup
+from shoal.sync.streaming import FragmentSchedule, StreamingDiLoCo, assign_fragments
+
+from conftest import FAST, ROOT
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def run_sim(*overrides: str) -> SimBackend:
+    cfg = load_config(None, FAST + ["run.stop_at_target=false", *overrides])
+    errors: list[dict] = []
+    recorder = RunRecorder(listener=lambda kind, fields: errors.append(fields) if kind == "internal_error" else None)
+    backend = SimBackend(build_setup(cfg), recorder)
+    backend.run()
+    assert not errors, errors[0]["traceback"]
+    return backend
+
+
+# -- fragments and turns ------------------------------------------------------------------------
+
+
+def test_contiguous_fragments_hold_about_equal_shares_in_model_order():
+    assert assign_fragments(list("abcdef"), [10, 10, 10, 10, 10, 10], 3) == (0, 0, 1, 1, 2, 2)
+    assert assign_fragments(list("abc"), [1000, 1, 1], 3) == (0, 1, 2)  # every fragment gets a tensor
+
+
+def test_a_layer_pattern_strides_the_layers_and_puts_the_rest_in_the_smallest_fragment():
+    names = ["embed", "blocks.0.w", "blocks.1.w", "blocks.2.w", "blocks.3.w", "head"]
+    fragments = assign_fragments(names, [5, 10, 10, 10, 10, 1], 2, r"blocks\.(\d+)\.")
+    assert fragments == (0, 0, 1, 0, 1, 1)
+    with pytest.raises(ValueError, match="leaves fragment"):
+        assign_fragments(["blocks.0.w", "blocks.2.w"], [1, 1], 2, r"blocks\.(\d+)\.")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.data())
+def test_every_tensor_is_synchronised_exactly_once_per_period(local_steps, data):
+    fragments = data.draw(st.integers(1, local_steps))
+    tensors = data.draw(st.integers(fragments, fragments + 6))
+    fragment_of = assign_fragments([f"t{i}" for i in range(tensors)], [1] * tensors, fragments)
+    schedule = FragmentSchedule(fragment_of, local_steps, fragments)
+    start = data.draw(st.integers(0, 3 * local_steps))
+    counts = [0] * tensors
+    for clock in range(start, start + local_steps):
+        for i, sent in enumerate(schedule.plan(clock)):
+            counts[i] += sent
+    assert counts == [1] * tensors
+    assert sum(schedule.fragment_at(c) is not None for c in range(local_steps)) == fragments
+
+
+def test_turns_are_staggered_and_one_fragment_is_diloco():
+    assert FragmentSchedule(range(4), 8, 4).offsets == (2, 4, 6, 0)
+    one = FragmentSchedule([0, 0], 8, 1)
+    assert [c for c in range(24) if any(one.plan(c))] == [7, 15, 23]
+
+
+def test_a_worker_waits_only_for_the_fragment_it_is_about_to_take():
+    """H = 8, 4 fragments (turns after steps 2, 4, 6, 8), overlap 1: before step k a worker needs the rounds
+    that ended at step k - 1 - 1 or earlier."""
+    policy = StreamingDiLoCo([0, 1], FragmentSchedule(range(4), 8, 4, overlap=1))
+    thresholds = []
+    for _ in range(10):
+        thresholds.append(policy.start_threshold(0))
+        policy.on_push(0)
+    assert thresholds == [0, 0, 0, 2, 2, 4, 4, 6, 6, 8]
+    assert policy.is_sync(1) and not policy.is_sync(2) and policy.is_sync(7)
+
+
+# -- the outer step and the data path ------------------------------------------------------------
+
+
+def test_the_outer_step_on_one_fragment_is_that_fragments_own_nesterov_optimizer():
+    torch.manual_seed(0)
+    start = torch.randn(10)
+    replica = Replica(start, torch.zeros(0), load_config(None, FAST).optimizer, outer=(0.7, 0.9))
+    halves = [slice(0, 4), slice(4, 10)]
+    own = [torch.nn.Parameter(start[sl].clone()) for sl in halves]
+    optimizers = [torch.optim.SGD([p], lr=0.7, momentum=0.9, nesterov=True) for p in own]
+    for step in range(6):
+        f = step % 2
+        delta = torch.zeros(10)
+        delta[halves[f]] = torch.randn(halves[f].stop - halves[f].start)
+        replica.add_delta([delta], 1.0, only=[halves[f]])
+        own[f].grad = -delta[halves[f]]
+        optimizers[f].step()
+    assert torch.allclose(replica.params.detach(), torch.cat([p.detach() for p in own]), atol=1e-6)
+
+
+def test_one_fragment_without_overlap_is_diloco_bit_for_bit():
+    common = ["cluster.workers=3", "cluster.speeds=[1,2,3]", "run.max_iterations=60"]
+    diloco = run_sim(*common, "sync.scheme=diloco", "sync.diloco.local_steps=4")
+    streaming = run_sim(*common, "sync.scheme=streaming_diloco", "sync.streaming_diloco.local_steps=4",
+                        "sync.streaming_diloco.fragments=1", "sync.streaming_diloco.overlap_steps=0")
+    assert torch.equal(diloco.model_state()[0], streaming.model_state()[0])
+    assert streaming.recorder.bytes_up == diloco.recorder.bytes_up
+
+
+def test_overlapped_outer_steps_apply_the_change_of_the_step_that_sent_it():
+    """Two workers, H = 4, two fragments (fc1.weight at steps 2, 6, 10; the rest at 4, 8, 12), overlap 1,
+    mixing 0.5: replayed with LocalModel and one torch Nesterov optimizer per fragment, the server's model
+    after 12 steps each is exactly the simulator's."""
+    opts = ["sync.scheme=streaming_diloco", "sync.streaming_diloco.local_steps=4", "sync.streaming_diloco.fragments=2",
+            "sync.streaming_diloco.overlap_steps=1", "sync.streaming_diloco.mixing=0.5", "cluster.workers=2",
+            "cluster.speeds=[1,1]", "run.max_iterations=24", "optimizer.momentum=0"]
+    backend = run_sim(*opts)
+    setup = build_setup(load_config(None, FAST + ["run.stop_at_target=false", *opts]))
+    layout = setup.engine.layout
+    slices = [slice(s.offset, s.offset + s.numel) for s in layout]
+    fragment_of = assign_fragments([s.name for s in layout], [s.numel for s in layout], 2)
+    assert fragment_of == (0, 1, 1, 1)
+    params, buffers = setup.engine.initial_state()
+    owned = [[sl for sl, f in zip(slices, fragment_of) if f == p] for p in range(2)]
+    outer = [torch.nn.Parameter(torch.cat([params[sl] for sl in owned[p]])) for p in range(2)]
+    optimizers = [torch.optim.SGD([p], lr=0.7, momentum=0.9, nesterov=True) for p in outer]
+    workers = [LocalModel(params, buffers, setup.cfg.optimizer, layout) for _ in range(2)]
+    sent_at: dict[int, int] = {}  # fragment -> the step whose result is due
+    for step in range(12):
+        for fragment, sent in list(sent_at.items()):
+            if step == sent + 2:  # overlap 1: sent after step s, taken before step s + 2
+                value = global_params(params, owned[fragment], outer[fragment])
+                for local in workers:
+                    local.pull(value, [f == fragment for f in fragment_of], mixing=0.5)
+                del sent_at[fragment]
+        for w, local in enumerate(workers):
+            x, y = setup.streams[w].next()
+            local.step(setup.engine.gradient(local.params, buffers, x, y)[0])
+        if (step + 1) % 2 == 0:
+            fragment = 0 if (step + 1) % 4 == 2 else 1
+            mean = sum(torch.cat([local.change()[sl] for sl in owned[fragment]]) for local in workers) / 2
+            outer[fragment].grad = -mean
+            optimizers[fragment].step()
+            sent_at[fragment] = step
+            params = global_params(params, owned[fragment], outer[fragment])
+    assert torch.allclose(backend.model_state()[0], params, atol=1e-6)
+
+
+def global_params(params: torch.Tensor, owned: list[slice], values: torch.Tensor) -> torch.Tensor:
+    """``params`` with the fragment's slices replaced by the flat ``values``."""
+    out, at = params.clone(), 0
+    for sl in owned:
+        n = sl.stop - sl.start
+        out[sl] = values.detach()[at:at + n]
+        at += n
+    return out
+
+
+def test_overlap_hides_the_exchange_behind_the_next_steps():
+    """A slow link (0.05 Gbit/s): an exchange takes most of a step; overlapped with the next step, over 80% of
+    the time the exchanges cost (the run's time beyond its compute) disappears."""
+    common = ["sync.scheme=streaming_diloco", "sync.streaming_diloco.local_steps=8",
+              "sync.streaming_diloco.fragments=2", "cluster.link_gbps=0.05", "cluster.server_gbps=0.05", "run.max_iterations=160", "run.eval_every_s=100"]
+    waiting = run_sim(*common, "sync.streaming_diloco.overlap_steps=0")
+    overlapped = run_sim(*common, "sync.streaming_diloco.overlap_steps=1")
+    compute = max(s.compute_s for s in waiting.stats)
+    assert waiting.env.now - compute > 0.05  # the exchanges cost time when waited for
+    assert overlapped.env.now - compute < 0.2 * (waiting.env.now - compute), (overlapped.env.now, waiting.env.now)
+    assert overlapped.recorder.bytes_up == waiting.recorder.bytes_up
+
+
+def test_fragments_cut_the_peak_upload_and_fp4_cuts_the_bytes():
+    common = ["sync.streaming_diloco.local_steps=8", "model.hidden=[32,32,32]", "run.max_iterations=96"]
+    diloco = run_sim(*common, "sync.scheme=diloco", "sync.diloco.local_steps=8")
+    streaming = run_sim(*common, "sync.scheme=streaming_diloco", "sync.streaming_diloco.fragments=4")
+    fp4 = run_sim(*common, "sync.scheme=streaming_diloco", "sync.streaming_diloco.fragments=4",
+                  "sync.streaming_diloco.outer_quantization=fp4")
+    peak = max(s.peak_push_bytes for s in diloco.stats)
+    assert max(s.peak_push_bytes for s in streaming.stats) < 0.5 * peak
+    assert fp4.recorder.bytes_up < 0.2 * streaming.recorder.bytes_up
+    assert fp4.recorder.evals[-1]["accuracy"] > 0.5
+
+
+# -- quantisers -------------------------------------------------------------------------------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(-1e4, 1e4, allow_nan=False, width=32), min_size=1, max_size=200))
+def test_int8_and_fp4_round_trip_within_the_formats_error(values):
+    x = torch.tensor(values, dtype=torch.float32)
+    blocks = torch.nn.functional.pad(x, (0, (-len(x)) % BLOCK)).view(-1, BLOCK).abs().amax(dim=1)
+    top = blocks.repeat_interleave(BLOCK)[:len(x)]
+    for quantiser, bound in ((Int8(), lambda m: m / 254), (FP4(), None)):
+        payload = quantiser.compress(x, 1.0)
+        y = quantiser.decompress(payload)
+        assert payload.nbytes == quantiser.nominal_bytes(len(x), 1.0)
+        err = (x - y).abs()
+        if bound is not None:
+            assert torch.all(err <= bound(top) * (1 + 1e-5) + 1e-30)
+        else:  # half the gap of E2M1 at the value's magnitude: s/4 below 2s, s/2 below 4s, s above
+            s = top / 6
+            gap = torch.where(x.abs() < 2 * s, s / 4, torch.where(x.abs() < 4 * s, s / 2, s))
+            assert torch.all(err <= gap * (1 + 1e-5) + 1e-30)
+        assert torch.all(torch.sign(y) * torch.sign(x) >= 0)  # never the wrong sign
+
+
+def test_the_quantisers_send_what_the_formats_say():
+    x = torch.randn(100)
+    assert Int8().compress(x, 1.0).nbytes == 4 * 4 + 100
+    assert FP4().compress(x, 1.0).nbytes == 4 * 4 + 50
+    exact = torch.tensor([0.0, 0.5, -1.0, 1.5, 2.0, -3.0, 4.0, 6.0])
+    assert torch.equal(FP4().decompress(FP4().compress(exact, 1.0)), exact)  # the grid points travel exactly
+
+
+# -- configuration and the CLI -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("override, message", [
+    ("sync.streaming_diloco.fragments=9", "must not exceed local_steps"),
+    ("sync.streaming_diloco.overlap_steps=2", "overlap_steps (2) must be at most 1"),
+    ("sync.streaming_diloco.fragment_pattern='blocks'", "needs a group"),
+    ("sync.streaming_diloco.outer_quantization=fp8", "outer_quantization"),
+])
+def test_impossible_streaming_settings_are_one_clear_line(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, FAST + ["sync.scheme=streaming_diloco", "sync.streaming_diloco.local_steps=8",
+                                  "sync.streaming_diloco.fragments=4", override])
+
+
+def test_streaming_diloco_from_the_cli_records_its_peak_upload(tmp_path):
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "shoal", "train", "--config", str(ROOT / "examples/demo.toml"),
+                           "--set", "sync.scheme=streaming_diloco", "--set", "sync.streaming_diloco.local_steps=8",
+                           "--set", "run.max_time_s=3", "--out", str(out)], capture_output=True, text=True,
+                          timeout=100)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["scheme"] == "streaming_diloco" and summary["peak_push_bytes"] > 0
+    assert all(w["peak_push_bytes"] <= summary["peak_push_bytes"] for w in summary["per_worker"])
+    bad = subprocess.run([sys.executable, "-m", "shoal", "train", "--config", str(ROOT / "examples/demo.toml"),
+                          "--set", "sync.scheme=streaming_diloco", "--set", "sync.streaming_diloco.overlap_steps=99",
+                          "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=100)
+    assert bad.returncode == 2 and "overlap_steps" in bad.stderr and "Traceback" not in bad.stderr
