@@ -258,6 +258,16 @@ def test_local_sgd_and_diloco_train_on_ray_and_send_only_at_syncs(ray_session, s
     assert "similarity" not in summary
 
 
+def test_streaming_diloco_trains_on_ray_one_quantised_fragment_at_a_time(ray_session):
+    """Two fragments, fp4 outer gradients, no overlap: each worker's largest upload is a fragment in 4 bits."""
+    backend, summary = run_backend(ray_config(
+        "sync.scheme=streaming_diloco", "sync.streaming_diloco.local_steps=4", "sync.streaming_diloco.fragments=2",
+        "sync.streaming_diloco.overlap_steps=0", "sync.streaming_diloco.outer_quantization=fp4", "run.max_time_s=3",
+        "run.target_accuracy=0.99"))
+    assert summary["scheme"] == "streaming_diloco" and summary["final_accuracy"] > 0.6
+    assert 0 < summary["peak_push_bytes"] < 0.2 * 4 * summary["params"]
+
+
 def test_balanced_batches_on_ray_follow_each_workers_emulated_speed(ray_session, tmp_path):
     """sync.balance = "batch": the server sizes each actor's batch to its speed; the actor computes exactly that
     many samples, its records show it, and the run reaches its target."""
@@ -275,6 +285,7 @@ def test_balanced_batches_on_ray_follow_each_workers_emulated_speed(ray_session,
     (["sync.balance=batch", "sync.intra_group=allreduce"], "sync.balance: on ray"),
     (["sync.balance=deadline"], "sync.balance: 'deadline' runs on sim only"),
     (["sync.scheme=localsgd", "sync.balance=steps"], "sync.balance: 'steps' runs on sim only"),
+    (["sync.scheme=streaming_diloco", "sync.streaming_diloco.overlap_steps=1"], "overlap_steps: an outer all-reduce"),
 ])
 def test_balance_modes_ray_does_not_run_are_refused_in_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message):

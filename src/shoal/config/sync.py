@@ -70,7 +70,7 @@ class DiLoCoOptions(Section):
 
 
 class StreamingDiLoCoOptions(Section):
-    """``[sync.streaming_diloco]``: DiLoCo one fragment at a time, overlapped, optionally quantised (docs/low-communication.md)."""
+    """``[sync.streaming_diloco]``: DiLoCo one fragment at a time, overlapped, optionally quantised (docs/schemes/streaming_diloco.md)."""
 
     local_steps: int = Field(32, ge=1, description="Inner steps between two outer steps of the same fragment (H); the fragments' turns are staggered every H / fragments steps.")
     fragments: int = Field(4, ge=1, description="Fragments the model's tensors are cut into (P); each is synchronised once every local_steps, so a worker's peak upload is about 1/P of DiLoCo's.")
