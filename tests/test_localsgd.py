@@ -43,6 +43,19 @@ def test_periodic_schedule_plans_everything_every_h_clocks():
     assert schedule.plan(3) == (True, True) and schedule.state() == {}
 
 
+def test_post_local_sgd_averages_every_step_of_its_warm_up_then_every_h():
+    policy = LocalSGD(range(2), local_steps=4, warmup_steps=3)
+    assert [policy.is_sync(c) for c in range(12)] == [True, True, True, False, False, False, True,
+                                                      False, False, False, True, False]
+    thresholds = []
+    for _ in range(12):
+        thresholds.append(policy.start_threshold(0))
+        policy.on_push(0)
+    assert thresholds == [0, 1, 2, 3, 3, 3, 3, 7, 7, 7, 7, 11]
+    schedule = PeriodicSchedule(num_tensors=1, local_steps=4, warmup_steps=3)
+    assert [schedule.plan(c)[0] for c in range(12)] == [policy.is_sync(c) for c in range(12)]
+
+
 # -- end to end on the sim backend ------------------------------------------------------------
 
 
@@ -53,6 +66,22 @@ def test_localsgd_with_one_local_step_equals_bsp(optimizer):
     local, summary = run_sim("sync.scheme=localsgd", "sync.localsgd.local_steps=1", *rounds, *optimizer)
     assert summary["iterations"] == 12
     assert torch.equal(bsp.model_state()[0], local.model_state()[0])
+
+
+@pytest.mark.parametrize("scheme", ["localsgd", "diloco"])
+def test_a_warm_up_longer_than_the_run_is_bsp(scheme):
+    rounds = ["run.max_iterations=12", "optimizer.momentum=0.9"]
+    bsp, _ = run_sim("sync.scheme=bsp", *rounds)
+    warm, _ = run_sim(f"sync.scheme={scheme}", f"sync.{scheme}.local_steps=4", f"sync.{scheme}.warmup_steps=100",
+                      *rounds)
+    assert torch.equal(bsp.model_state()[0], warm.model_state()[0])
+
+
+def test_post_local_sgd_sends_every_step_then_every_h():
+    """4 workers, warm-up 5 steps then H = 4 over 13 steps: 5 + 2 syncs of a whole model each, nothing else."""
+    backend, summary = run_sim("sync.scheme=localsgd", "sync.localsgd.local_steps=4",
+                               "sync.localsgd.warmup_steps=5", "run.max_iterations=52")
+    assert summary["bytes_up"] == 4 * 7 * 4 * backend.setup.engine.num_params
 
 
 def test_diloco_with_outer_lr_1_and_no_momentum_equals_localsgd():

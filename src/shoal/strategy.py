@@ -119,8 +119,10 @@ class Strategy:
         if self.scheme.schedule is not None:
             return self.scheme.schedule(self.cfg.sync, self.layout)
         if self.scheme.local_steps is not None:  # balanced steps: every iteration (a period) syncs
-            steps = 1 if self.balance == "steps" else self.scheme.local_steps(self.cfg.sync)
-            return PeriodicSchedule(len(self.layout), steps)
+            if self.balance == "steps":
+                return PeriodicSchedule(len(self.layout), 1)
+            warmup = self.scheme.warmup_steps(self.cfg.sync) if self.scheme.warmup_steps else 0
+            return PeriodicSchedule(len(self.layout), self.scheme.local_steps(self.cfg.sync), warmup)
         sim = self.cfg.compression.similarity
         if not sim.enabled:
             return None

@@ -59,12 +59,14 @@ class LocalSGDOptions(Section):
     """``[sync.localsgd]``: periodic model averaging."""
 
     local_steps: int = Field(8, ge=1, description="Local optimizer steps between two averagings (H).")
+    warmup_steps: int = Field(0, ge=0, description="Post-local SGD (Lin et al., 2020): average after every step for this many first steps, then every local_steps (0 = periods from the start).")
 
 
 class DiLoCoOptions(Section):
     """``[sync.diloco]``: an outer Nesterov step on the averaged change."""
 
     local_steps: int = Field(8, ge=1, description="Inner optimizer steps between two outer steps (H).")
+    warmup_steps: int = Field(0, ge=0, description="Synchronise after every step (the server's optimizer on the mean gradient, as BSP) for this many first steps, then take outer steps every local_steps (0 = from the start).")
     outer_lr: float = Field(0.7, gt=0, description="Learning rate of the outer Nesterov SGD on the averaged pseudo-gradient (DiLoCo: 0.7).")
     outer_momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum of the outer step (DiLoCo: 0.9).")
 

@@ -154,6 +154,8 @@ class SchemeSpec:
     coordinator: Callable[[int, Any], Any] | None = None
     #: workers step their own model copies and average every ``local_steps(sync)`` steps (local SGD, DiLoCo)
     local_steps: Callable[[Any], int] | None = None
+    #: steps at the start that average every step before the periods of ``local_steps`` begin (post-local SGD)
+    warmup_steps: Callable[[Any], int] | None = None
     #: the server takes an outer Nesterov step ``(lr, momentum) = outer(sync)`` on the mean change (DiLoCo)
     outer: Callable[[Any], tuple[float, float]] | None = None
     #: synchronous rounds: may run as all-reduce groups (``sync.intra_group = "allreduce"``)

@@ -2,7 +2,8 @@
 
 Both are baselines any heterogeneity or similarity scheme must beat: local
 SGD (Stich, 2019; Lin et al., 2020, "post-local SGD") averages the workers'
-models every ``H = sync.localsgd.local_steps`` (``sync.diloco.local_steps``) local steps; DiLoCo (Douillard et al.,
+models every ``H = sync.localsgd.local_steps`` (``sync.diloco.local_steps``) local steps, after an optional
+warm-up of ``warmup_steps`` steps that average every step (post-local SGD); DiLoCo (Douillard et al.,
 2023) treats the averaged change as a pseudo-gradient for an outer Nesterov
 SGD step (``sync.diloco.outer_lr``, ``sync.diloco.outer_momentum``). They differ only in
 the server's merge (``Replica.add_delta`` with or without an outer
@@ -35,21 +36,36 @@ class LocalSGD(BSP):
 
     name = "localsgd"
 
-    def __init__(self, workers: Iterable[int], local_steps: int) -> None:
-        if local_steps < 1:
-            raise ValueError("local_steps must be >= 1")
+    def __init__(self, workers: Iterable[int], local_steps: int, warmup_steps: int = 0) -> None:
+        if local_steps < 1 or warmup_steps < 0:
+            raise ValueError("local_steps must be >= 1 and warmup_steps >= 0")
         super().__init__(workers)
         self.local_steps = local_steps
+        self.warmup_steps = warmup_steps
 
     def start_threshold(self, worker: int) -> int | None:
-        return self.clocks[worker] // self.local_steps * self.local_steps
+        return last_sync_boundary(self.clocks[worker], self.local_steps, self.warmup_steps)
 
     def is_sync(self, clock: int) -> bool:
         """Whether the push that ends local step ``clock`` (0-based) carries a model change."""
-        return (clock + 1) % self.local_steps == 0
+        return is_sync_clock(clock, self.local_steps, self.warmup_steps)
 
     def _merge(self, worker: int) -> tuple[int, ...]:
         return super()._merge(worker) if self.is_sync(self.clocks[worker] - 1) else ()
+
+
+def is_sync_clock(clock: int, local_steps: int, warmup_steps: int = 0) -> bool:
+    """Whether local step ``clock`` (0-based) ends with an averaging: every step of the warm-up (post-local
+    SGD), then every ``local_steps``-th step counted from its end."""
+    return clock < warmup_steps or (clock + 1 - warmup_steps) % local_steps == 0
+
+
+def last_sync_boundary(steps_done: int, local_steps: int, warmup_steps: int = 0) -> int:
+    """How many steps every worker must have done before a worker that did ``steps_done`` goes on: up to the
+    last averaging at or before it."""
+    if steps_done <= warmup_steps:
+        return steps_done
+    return warmup_steps + (steps_done - warmup_steps) // local_steps * local_steps
 
 
 class PeriodicSchedule:
@@ -62,12 +78,13 @@ class PeriodicSchedule:
 
     periodic = True
 
-    def __init__(self, num_tensors: int, local_steps: int) -> None:
+    def __init__(self, num_tensors: int, local_steps: int, warmup_steps: int = 0) -> None:
         self.num_tensors = num_tensors
         self.local_steps = local_steps
+        self.warmup_steps = warmup_steps
 
     def plan(self, clock: int) -> tuple[bool, ...]:
-        return (clock < 0 or (clock + 1) % self.local_steps == 0,) * self.num_tensors
+        return (clock < 0 or is_sync_clock(clock, self.local_steps, self.warmup_steps),) * self.num_tensors
 
     def fresh(self, clock: int) -> tuple[bool, ...]:
         """The tensors a worker takes from the server before step ``clock``: those aggregated at the previous clock."""
@@ -84,7 +101,7 @@ class PeriodicSchedule:
         """Periods do not change at a learning-rate decay."""
 
     def restarted(self, keep_bytes: bool = True) -> "PeriodicSchedule":
-        return PeriodicSchedule(self.num_tensors, self.local_steps)
+        return PeriodicSchedule(self.num_tensors, self.local_steps, self.warmup_steps)
 
     def clone(self) -> "PeriodicSchedule":
         return self.restarted()
@@ -93,11 +110,15 @@ class PeriodicSchedule:
         return {}
 
 
-register_scheme(SchemeSpec("localsgd", policy=lambda workers, sync: LocalSGD(workers, sync.localsgd.local_steps),
+register_scheme(SchemeSpec("localsgd", policy=lambda workers, sync: LocalSGD(workers, sync.localsgd.local_steps,
+                                                                              sync.localsgd.warmup_steps),
+                           warmup_steps=lambda sync: sync.localsgd.warmup_steps,
                            local_steps=lambda sync: sync.localsgd.local_steps, color="#9467bd", balance=("batch", "steps"),
                            grid=(("sync.localsgd.local_steps", (2, 8, 32)),)),
                 "local SGD: workers step their own models and average them every sync.localsgd.local_steps")
-register_scheme(SchemeSpec("diloco", policy=lambda workers, sync: LocalSGD(workers, sync.diloco.local_steps),
+register_scheme(SchemeSpec("diloco", policy=lambda workers, sync: LocalSGD(workers, sync.diloco.local_steps,
+                                                                            sync.diloco.warmup_steps),
+                           warmup_steps=lambda sync: sync.diloco.warmup_steps,
                            local_steps=lambda sync: sync.diloco.local_steps,
                            outer=lambda sync: (sync.diloco.outer_lr, sync.diloco.outer_momentum), color="#8c564b",
                            balance=("batch", "steps"),
