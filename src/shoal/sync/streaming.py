@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 
 from shoal.config import fragment_offsets, max_overlap
 from shoal.sync.base import SchemeSpec, register_scheme
-from shoal.sync.localsgd import LocalSGD
+from shoal.sync.localsgd import LocalSGD, PeriodicSchedule
 
 
 def assign_fragments(names: Sequence[str], numels: Sequence[int], fragments: int,
@@ -76,7 +76,7 @@ def assign_fragments(names: Sequence[str], numels: Sequence[int], fragments: int
     return tuple(out)
 
 
-class FragmentSchedule:
+class FragmentSchedule(PeriodicSchedule):
     """The aggregation plan of Streaming DiLoCo: fragment p's tensors at its staggered turn, every H steps.
 
     ``plan(clock)`` says which tensors the push that ends local step
@@ -85,21 +85,15 @@ class FragmentSchedule:
     earlier (the whole model before the first step).
     """
 
-    periodic = True
-
     def __init__(self, fragment_of: Sequence[int], local_steps: int, fragments: int, overlap: int = 0) -> None:
         self.fragment_of = tuple(fragment_of)
-        self.local_steps = local_steps
+        super().__init__(len(self.fragment_of), local_steps)
         self.fragments = fragments
         self.overlap = overlap
         self.offsets = fragment_offsets(local_steps, fragments)
         if not 0 <= overlap <= max_overlap(local_steps, fragments):
             raise ValueError(f"overlap_steps must be in [0, {max_overlap(local_steps, fragments)}] with {fragments} "
                              f"fragments over {local_steps} local steps")
-
-    @property
-    def num_tensors(self) -> int:
-        return len(self.fragment_of)
 
     def fragment_at(self, clock: int) -> int | None:
         """The fragment the push ending local step ``clock`` carries, or None (a plain local step)."""
@@ -120,24 +114,8 @@ class FragmentSchedule:
         sent = clock - 1 - self.overlap
         return self.plan(sent) if sent >= 0 else (False,) * self.num_tensors
 
-    def record_saved(self, plan: Iterable[bool], nbytes_per_value: int = 4) -> None:
-        """Nothing to account: skipping is the scheme itself, not a saving."""
-
-    def finish_clocks(self, meters: dict, min_clock: int) -> list[int]:
-        meters.clear()
-        return []
-
-    def reset(self) -> None:
-        """Turns do not change at a learning-rate decay."""
-
     def restarted(self, keep_bytes: bool = True) -> "FragmentSchedule":
         return FragmentSchedule(self.fragment_of, self.local_steps, self.fragments, self.overlap)
-
-    def clone(self) -> "FragmentSchedule":
-        return self.restarted()
-
-    def state(self) -> dict[str, list]:
-        return {}
 
 
 class StreamingDiLoCo(LocalSGD):
