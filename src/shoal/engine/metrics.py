@@ -107,6 +107,13 @@ class RunRecorder:
         return False
 
     @property
+    def bytes_to_target(self) -> int | None:
+        """The bytes every worker had sent and received at the evaluation that is the time to target."""
+        if self.time_to_target_s is None:
+            return None
+        return next((e["bytes"] for e in self.evals if e["t"] == self.time_to_target_s), None)
+
+    @property
     def final_accuracy(self) -> float | None:
         return self.evals[-1]["accuracy"] if self.evals else None
 
@@ -182,6 +189,7 @@ def build_summary(
         "best_accuracy": recorder.best_accuracy,
         "target_accuracy": target_accuracy,
         "time_to_target_s": recorder.time_to_target_s,
+        "bytes_to_target": recorder.bytes_to_target,
         "elapsed_s": elapsed_s,
         "wall_s": wall_s,
         "stop_reason": stop_reason,

@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from shoal.report import plots
+from shoal.report import pareto, plots
 from shoal.report.page import template
 from shoal.report.routing import draw_plan, routing_data
 from shoal.report.runs import RunData, iterations_in, load_run, timeline_window
@@ -185,8 +185,11 @@ def _loss_bytes_section(out: Path, compare: dict[str, Any], rows: list[dict[str,
     if not any(c.points for c in loss + by_bytes):
         return None
     path = plots.plot_loss_and_bytes(loss, by_bytes, out / "loss_bytes.png", label, goal_of(compare)[0])
+    front = pareto.plot_pareto(pareto.points_of(rows), out / "bytes_time.png", label)
     return {"anchor": "loss", "seeds": compare.get("seeds", 1),
-            "image": _img(path, "test loss against time, and test accuracy against bytes moved, for every scheme")}
+            "image": _img(path, "test loss against time, and test accuracy against bytes moved, for every scheme"),
+            "pareto": _img(front, "bytes moved against time to target, per seed and median, with the Pareto front")
+            if front else None}
 
 
 # -- (b) table ------------------------------------------------------------------------------------

@@ -14,11 +14,13 @@ from typing import Any
 from shoal.report.tuning import interval, mann_whitney, median_time, speedup_interval
 
 SEED_FIELDS = (
-    "seed", "run_dir", "time_to_target_s", "final_accuracy", "best_accuracy", "final_metric", "best_metric", "bytes_up", "bytes_down",
-    "bytes_exchange", "iterations", "elapsed_s", "wall_s", "stop_reason",
+    "seed", "run_dir", "time_to_target_s", "bytes_to_target", "final_accuracy", "best_accuracy", "final_metric",
+    "best_metric", "bytes_up", "bytes_down", "bytes_exchange", "peak_push_bytes", "iterations", "elapsed_s", "wall_s",
+    "stop_reason",
 )
 MEDIAN_FIELDS = (
-    "final_accuracy", "best_accuracy", "final_metric", "best_metric", "bytes_up", "bytes_down", "bytes_exchange", "iterations", "elapsed_s", "wall_s",
+    "final_accuracy", "best_accuracy", "final_metric", "best_metric", "bytes_up", "bytes_down", "bytes_exchange",
+    "peak_push_bytes", "iterations", "elapsed_s", "wall_s",
 )
 
 
@@ -58,6 +60,10 @@ def seeds_row(scheme: str, summaries: list[dict[str, Any]], run_dirs: list[str],
         "target_accuracy": first.get("target_accuracy"),
         "time_to_target_s": median_time([s.get("time_to_target_s") for s in summaries]),
         "time_to_target_interval": interval([s.get("time_to_target_s") for s in summaries]),
+        # a seed that never reached the target moved infinitely many bytes to it, as it took infinitely long
+        # (runs written before bytes_to_target existed leave it unknown)
+        "bytes_to_target": (median_time([s.get("bytes_to_target") for s in summaries])
+                            if all("bytes_to_target" in s for s in summaries) else None),
         "reached": sum(s.get("time_to_target_s") is not None for s in summaries),
         "reached_share": round(sum(s.get("time_to_target_s") is not None for s in summaries) / len(summaries), 6),
         "final_accuracy_interval": interval([s.get("final_accuracy") for s in summaries if s.get("final_accuracy")
