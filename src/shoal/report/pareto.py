@@ -9,6 +9,8 @@ the target have neither number and are counted in the legend.
 
 from __future__ import annotations
 
+import itertools
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,9 @@ from matplotlib.figure import Figure
 
 from shoal.report.plots import save_figure, scheme_style  # (plots selects the Agg backend first)
 from shoal.report.units import human_bytes
+
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 @dataclass(frozen=True)
@@ -56,17 +61,17 @@ def plot_pareto(points: Sequence[Point], path: Path, time_label: str) -> Path | 
     """Small dots: seeds; large: medians; the line joins the medians on the front. None when nothing reached."""
     if not any(p.seeds for p in points):
         return None
-    fig = Figure(figsize=(8, 5), layout="constrained")
+    fig = Figure(figsize=(9, 5.5 + 0.25 * len(points)), layout="constrained")
     ax = fig.subplots()
-    for p in points:
-        color, _ = scheme_style(p.scheme)
+    for p, marker in zip(points, itertools.cycle(MARKERS)):
+        color, _ = scheme_style(p.scheme)  # variants of one scheme share its colour: the marker tells them apart
         label = p.scheme + (f" ({p.missed} seed{'s' if p.missed > 1 else ''} missed)" if p.missed else "")
+        label = textwrap.fill(label if p.median is not None else label + ": median not reached", 90)
         if p.seeds:
-            ax.scatter([t for t, _ in p.seeds], [b for _, b in p.seeds], color=color, s=14, alpha=0.45, zorder=2)
-        if p.median is not None:
-            ax.scatter([p.median[0]], [p.median[1]], color=color, s=90, edgecolor="black", zorder=4, label=label)
-        else:
-            ax.scatter([], [], color=color, s=90, label=label + ": median not reached")
+            ax.scatter([t for t, _ in p.seeds], [b for _, b in p.seeds], color=color, marker=marker, s=16,
+                       alpha=0.45, zorder=2)
+        ax.scatter([p.median[0]] if p.median else [], [p.median[1]] if p.median else [], color=color, marker=marker,
+                   s=100, edgecolor="black", zorder=4, label=label)
     medians = [(p.scheme, *p.median) for p in points if p.median is not None]
     front = {name: (t, b) for name, t, b in medians if name in pareto_front(medians)}
     if len(front) > 1:
@@ -74,9 +79,10 @@ def plot_pareto(points: Sequence[Point], path: Path, time_label: str) -> Path | 
         ax.step(xs, ys, where="post", color="#444", linewidth=1.2, linestyle="--", zorder=3, label="Pareto front")
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(lambda y, _: human_bytes(y))
+    ax.yaxis.set_minor_formatter(lambda y, _: human_bytes(y) if f"{y:.1e}"[0] in "25" else "")
     ax.set_xlabel(f"time to target ({time_label})")
     ax.set_ylabel("bytes sent and received by then, all workers (log)")
     ax.set_title("Bytes against time to target (large: median; small: each seed)")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False, fontsize=8)
+    fig.legend(loc="outside lower center", ncol=1, frameon=False, fontsize=8)
     return save_figure(fig, path)
