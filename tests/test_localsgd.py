@@ -11,6 +11,7 @@ from shoal.engine.metrics import RunRecorder
 from shoal.engine.replica import Replica
 from shoal.engine.setup import build_setup
 from shoal.sync import LocalSGD, PeriodicSchedule
+from shoal.sync.localsgd import AsynchronousOuter
 
 from conftest import FAST
 
@@ -56,6 +57,18 @@ def test_post_local_sgd_averages_every_step_of_its_warm_up_then_every_h():
     assert [schedule.plan(c)[0] for c in range(12)] == [policy.is_sync(c) for c in range(12)]
 
 
+def test_asynchronous_outer_steps_wait_for_nobody_but_their_own_step():
+    policy = AsynchronousOuter(range(2), local_steps=2)
+    for _ in range(2):
+        assert policy.may_start(0)
+        policy.on_push(0)
+    assert policy.buffered == [0] and not policy.may_start(0)  # waits for the outer step that takes its change
+    assert policy.may_start(1) and policy.on_push(1) == ()
+    assert policy.flush() == (0,) and policy.may_start(0) and policy.updates == 1
+    assert policy.flush() == () and policy.updates == 1  # an empty moment is no outer step
+    assert [policy.discount(s) for s in (0, 1, 3)] == [1.0, 0.5, 0.25]
+
+
 # -- end to end on the sim backend ------------------------------------------------------------
 
 
@@ -82,6 +95,28 @@ def test_post_local_sgd_sends_every_step_then_every_h():
     backend, summary = run_sim("sync.scheme=localsgd", "sync.localsgd.local_steps=4",
                                "sync.localsgd.warmup_steps=5", "run.max_iterations=52")
     assert summary["bytes_up"] == 4 * 7 * 4 * backend.setup.engine.num_params
+
+
+@pytest.mark.parametrize("iterations", [60, 61])
+def test_asynchronous_diloco_at_equal_speeds_is_synchronous_diloco(iterations):
+    """Every change arrives in the same moment with staleness 0, so each outer step is DiLoCo's (also when the
+    run stops in the middle of the moment a round arrives in)."""
+    common = ["cluster.workers=3", "cluster.speeds=[1,1,1]", f"run.max_iterations={iterations}", "sync.scheme=diloco",
+              "sync.diloco.local_steps=4", "optimizer.momentum=0.9"]
+    synchronous, _ = run_sim(*common)
+    asynchronous, _ = run_sim(*common, "sync.diloco.asynchronous=true")
+    assert torch.equal(synchronous.model_state()[0], asynchronous.model_state()[0])
+
+
+def test_asynchronous_diloco_lets_a_fast_worker_run_ahead_and_discounts_late_changes():
+    common = ["cluster.workers=2", "cluster.speeds=[1,4]", "run.max_time_s=2", "sync.scheme=diloco",
+              "sync.diloco.local_steps=4"]
+    synchronous, _ = run_sim(*common)
+    asynchronous, summary = run_sim(*common, "sync.diloco.asynchronous=true")
+    fast, slow = asynchronous.stats
+    assert fast.wait_s == 0 and slow.wait_s == 0 and synchronous.stats[0].wait_s > 1.0
+    assert fast.iterations >= 3.5 * slow.iterations
+    assert summary["final_accuracy"] > 0.5
 
 
 def test_diloco_with_outer_lr_1_and_no_momentum_equals_localsgd():
@@ -168,3 +203,8 @@ def test_target_needs_patience_evaluations_in_a_row_and_reports_the_first():
         reached = [recorder.evaluation(float(t), a, 0.0, 0.95, patience) for t, a in enumerate(accuracies)]
         assert recorder.time_to_target_s == expected
         assert sum(reached) == (expected is not None)
+
+
+def test_asynchronous_outer_steps_refuse_balanced_work():
+    with pytest.raises(ConfigError, match="asynchronous outer steps wait for nobody"):
+        load_config(None, FAST + ["sync.scheme=diloco", "sync.diloco.asynchronous=true", "sync.balance=batch"])

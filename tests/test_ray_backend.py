@@ -286,6 +286,7 @@ def test_balanced_batches_on_ray_follow_each_workers_emulated_speed(ray_session,
     (["sync.balance=deadline"], "sync.balance: 'deadline' runs on sim only"),
     (["sync.scheme=localsgd", "sync.balance=steps"], "sync.balance: 'steps' runs on sim only"),
     (["sync.scheme=streaming_diloco", "sync.streaming_diloco.overlap_steps=1"], "overlap_steps: an outer all-reduce"),
+    (["sync.scheme=diloco", "sync.diloco.asynchronous=true"], "asynchronous: outer steps at the end"),
 ])
 def test_balance_modes_ray_does_not_run_are_refused_in_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -116,6 +116,9 @@ class Config(Section):
     def _check_balance(self, scheme: Any) -> None:
         """`sync.balance`: a scheme that supports the mode, a batch size within the bounds, a fixed membership."""
         mode = self.sync.balance
+        if scheme.policy is not None and scheme.policy(range(self.cluster.workers), self.sync).flushes:
+            raise ValueError(f"sync.balance: sizes work for rounds that wait for everyone; {self.sync.scheme}'s "
+                             "asynchronous outer steps wait for nobody")
         if mode not in scheme.balance:
             able = ", ".join(name for name, e in SCHEMES.entries().items() if mode in e.item.balance)
             raise ValueError(f"sync.balance: {mode!r} sizes the work of synchronous rounds ({able}), not of {self.sync.scheme}")

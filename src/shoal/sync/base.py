@@ -23,6 +23,8 @@ class SyncPolicy(ABC):
     """
 
     name: str = "base"
+    #: updates are released by ``flush`` at the end of a moment (every push that arrived then), not by a push
+    flushes: bool = False
 
     def __init__(self, workers: Iterable[int]) -> None:
         self.clocks: dict[int, int] = {w: 0 for w in workers}
@@ -56,6 +58,15 @@ class SyncPolicy(ABC):
     @abstractmethod
     def _merge(self, worker: int) -> tuple[int, ...]:
         """Which pushes form an update now that ``worker`` pushed."""
+
+    def flush(self) -> tuple[int, ...]:
+        """A ``flushes`` policy: the workers whose buffered pushes form an update now (the backend asks once
+        every push of the moment has arrived); the others release nothing here."""
+        return ()
+
+    def discount(self, staleness: int) -> float:
+        """The factor on a push applied ``staleness`` updates after its worker's base was pulled (1: none)."""
+        return 1.0
 
     def on_push(self, worker: int) -> tuple[int, ...]:
         """Record one push from ``worker``; return the workers whose gradients to apply now."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shoal.sync.base import SchemeSpec, register_scheme
+from shoal.sync.base import SchemeSpec, SyncPolicy, register_scheme
 from shoal.sync.policies import BSP
 
 
@@ -52,6 +52,57 @@ class LocalSGD(BSP):
 
     def _merge(self, worker: int) -> tuple[int, ...]:
         return super()._merge(worker) if self.is_sync(self.clocks[worker] - 1) else ()
+
+
+class AsynchronousOuter(SyncPolicy):
+    """DiLoCo without the barrier (``sync.diloco.asynchronous``): nobody waits for a slower worker.
+
+    A worker that finished its H inner steps sends its change and waits only
+    for the outer step that takes it, which the backend runs at the end of
+    the moment it arrived (``flush``): on every change that arrived at that
+    moment, each discounted by its staleness, ``1 / (1 + s)`` with ``s`` the
+    outer steps since the worker pulled its base (as HeLoCo and asynchronous
+    local SGD discount late changes), and weighted 1/N as every update is.
+    With equal speeds every change arrives at the same moment with s = 0, so
+    each outer step is synchronous DiLoCo's exactly.
+    """
+
+    name = "diloco-async"
+    flushes = True
+
+    def __init__(self, workers: Iterable[int], local_steps: int, warmup_steps: int = 0) -> None:
+        super().__init__(workers)
+        self.local_steps = local_steps
+        self.warmup_steps = warmup_steps
+        self.updates = 0  # outer steps so far: the progress a worker with a buffered change waits on
+        self.buffered: list[int] = []
+
+    @property
+    def progress(self) -> int:
+        return self.updates
+
+    def start_threshold(self, worker: int) -> int | None:
+        return self.updates + 1 if worker in self.buffered else None
+
+    def is_sync(self, clock: int) -> bool:
+        return is_sync_clock(clock, self.local_steps, self.warmup_steps)
+
+    def _merge(self, worker: int) -> tuple[int, ...]:
+        if self.is_sync(self.clocks[worker] - 1):
+            self.buffered.append(worker)
+        return ()
+
+    def flush(self) -> tuple[int, ...]:
+        batch, self.buffered = tuple(self.buffered), []
+        self.updates += bool(batch)
+        return batch
+
+    def discount(self, staleness: int) -> float:
+        return 1.0 / (1.0 + max(0, staleness))
+
+    def _release_after_remove(self) -> tuple[int, ...]:
+        self.buffered = [w for w in self.buffered if w in self.clocks]
+        return ()
 
 
 def is_sync_clock(clock: int, local_steps: int, warmup_steps: int = 0) -> bool:
@@ -116,8 +167,13 @@ register_scheme(SchemeSpec("localsgd", policy=lambda workers, sync: LocalSGD(wor
                            local_steps=lambda sync: sync.localsgd.local_steps, color="#9467bd", balance=("batch", "steps"),
                            grid=(("sync.localsgd.local_steps", (2, 8, 32)),)),
                 "local SGD: workers step their own models and average them every sync.localsgd.local_steps")
-register_scheme(SchemeSpec("diloco", policy=lambda workers, sync: LocalSGD(workers, sync.diloco.local_steps,
-                                                                            sync.diloco.warmup_steps),
+def _diloco_policy(workers: Iterable[int], sync) -> SyncPolicy:  # noqa: ANN001 (the [sync] section)
+    opts = sync.diloco
+    outer = AsynchronousOuter if opts.asynchronous else LocalSGD
+    return outer(workers, opts.local_steps, opts.warmup_steps)
+
+
+register_scheme(SchemeSpec("diloco", policy=_diloco_policy,
                            warmup_steps=lambda sync: sync.diloco.warmup_steps,
                            local_steps=lambda sync: sync.diloco.local_steps,
                            outer=lambda sync: (sync.diloco.outer_lr, sync.diloco.outer_momentum), color="#8c564b",

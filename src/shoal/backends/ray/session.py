@@ -99,7 +99,11 @@ def validate(cfg: Config) -> None:
                               f"({torch.__version__}) sees no CUDA device; use 0, or a CUDA build on a GPU machine")
     if cfg.sync.balance in ("steps", "deadline"):
         raise ConfigError(f"sync.balance: {cfg.sync.balance!r} runs on sim only so far; use \"batch\" on ray")
-    overlap = SCHEMES[cfg.sync.scheme].overlap
+    scheme = SCHEMES[cfg.sync.scheme]
+    if scheme.policy is not None and scheme.policy(range(cfg.cluster.workers), cfg.sync).flushes:
+        raise ConfigError(f"sync.{cfg.sync.scheme}.asynchronous: outer steps at the end of each moment run on sim "
+                          "only so far; use asynchronous = false on ray")
+    overlap = scheme.overlap
     if overlap is not None and overlap(cfg.sync)[0] > 0:
         raise ConfigError(f"sync.{cfg.sync.scheme}.overlap_steps: an outer all-reduce overlapped with inner steps "
                           "runs on sim only so far; use overlap_steps = 0 on ray")

@@ -28,6 +28,7 @@ from shoal.backends.local_model import LocalModel
 from shoal.backends.sim.balance import SimBalance
 from shoal.backends.sim.checkpoints import SimCheckpoints, at
 from shoal.backends.sim.groups import SimGroups
+from shoal.backends.sim.ina import SimInNetwork
 from shoal.backends.sim.membership import SimMembership
 from shoal.backends.sim.overlap import SimOverlap
 from shoal.backends.sim.server import Pulled, Push, SimServer
@@ -44,7 +45,7 @@ from shoal.sync import SyncPolicy
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverlap):
+class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverlap, SimInNetwork):
     """Runs one configured training (or cost-only) simulation to its stopping rule."""
 
     def __init__(self, setup: RunSetup, recorder: RunRecorder, progress: ProgressFn | None = None,
@@ -77,7 +78,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         self.delta_codecs = self._make_codecs(self.strategy.delta_codec) if self.locals else []
         self.exchange_codecs: list[GradientCodec] = []
         self.force_pull: set[int] = set()
-        self.overlap, self.mixing = self._init_overlap()  # Streaming DiLoCo: exchanges beside inner steps
+        self.overlap, self.mixing = self._init_overlap()
+        self.base_version: dict[int, int] = {}  # the server version each worker's local model last synchronised at  # Streaming DiLoCo: exchanges beside inner steps
         plan = setup.aggregation
         self._switch_links = {s: SharedLink(self.env, bps) for s, bps in plan.switch_bps.items()} if plan else {}
         self._switch_streams: dict[tuple[str, int], list[Any]] = {}
@@ -209,6 +211,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         comm = pull_s + push_s
         due = self._checkpoint_due()
         waiting = server.waiting() if due else []
+        if server.policy.flushes:  # a late change counts for less
+            push = replace(push, discount=server.policy.discount(server.version - self.base_version.get(w, 0)))
         applied = server.receive(w, push)
         steps = work if self.strategy.balance == "steps" else 1  # an iteration of balanced steps is a whole period
         self._account(w, waited, compute, comm, push.nbytes, down_bytes, steps)
@@ -248,6 +252,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         mixing = self.mixing if clock > 0 and w not in self.force_pull else 0.0  # an overlapped result
         fresh = (True,) * len(plan) if w in self.force_pull else server.schedule.fresh(clock)
         self.force_pull.discard(w)
+        if any(fresh):  # what a change sent later is measured from (its staleness counts the updates since)
+            self.base_version[w] = server.version
         values = self.locals[w].pull(params, fresh, mixing)
         server.schedule.record_saved(fresh)  # download
         server.schedule.record_saved(plan)  # upload
@@ -342,37 +348,6 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         self.recorder.bytes_up += up_bytes
         self.recorder.bytes_down += down_bytes
 
-    # -- in-network aggregation ----------------------------------------------------
-
-    def _push_in_network(self, w: int, server: SimServer, nbytes: int, round_: int) -> Iterator[simpy.Event]:
-        """Push along the plan: straight to the server, or to a switch whose one summed stream goes on.
-
-        Every flow runs at the plan's honest rate. A switch forwards a round's
-        sum as one stream into the server's ingress, started by the round's
-        first contributor (switches stream fragments on as they complete), so
-        the server carries one stream per switch instead of one per worker.
-        """
-        plan = self.setup.aggregation
-        assert plan is not None
-        node = plan.node_of[w]
-        if node is None:
-            yield server.ingress.transfer(nbytes, plan.rate_bps)
-            return
-        key = (node, round_)
-        if key not in self._switch_streams:
-            self._switch_streams[key] = [self.env.process(self._forward_sum(server, nbytes)), 0]
-        stream = self._switch_streams[key]
-        yield self._switch_links[node].transfer(nbytes, plan.rate_bps)
-        stream[1] += 1
-        if stream[1] == plan.members(node):
-            del self._switch_streams[key]
-        yield stream[0]
-
-    def _forward_sum(self, server: SimServer, nbytes: int) -> Iterator[simpy.Event]:
-        assert self.setup.aggregation is not None
-        yield self.env.timeout(self.profile.latency_s)
-        yield server.ingress.transfer(nbytes, self.setup.aggregation.rate_bps)
-
     # -- clock, evaluation, stopping -------------------------------------------------
 
     def _clock(self, first_at: float | None = None) -> Iterator[simpy.Event]:
@@ -433,6 +408,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         if not self.stop.triggered:
             self.stop_reason = reason
             self.stop.succeed()
+            for server in self.servers:  # pushes received in this last moment still make their update
+                server.flush_now()
 
     def run(self) -> dict[str, Any]:
         """Simulate until a stopping rule fires; return the summary record."""

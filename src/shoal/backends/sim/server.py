@@ -39,6 +39,7 @@ class Push:
     delta_mask: tuple[bool, ...] | None = None
     clock: int = 0
     samples: int | None = None  # sync.balance = "deadline": the samples this gradient is the mean of (weighed by)
+    discount: float = 1.0  # a late change's factor (the policy's discount of its staleness)
 
 
 @dataclass
@@ -68,6 +69,24 @@ def weighed_by_samples(pushes: list[Push]) -> list[torch.Tensor]:
     return [p.grad * ((p.samples or 0) * len(pushes) / total) for p in pushes]
 
 
+class AfterTheMoment(simpy.Event):
+    """An event processed after every other event of the current virtual moment.
+
+    simpy orders its queue by time, then priority, then insertion; this one
+    has a priority after the normal one, so events scheduled for the same
+    moment later (a transfer finishing as another frees the link) still come
+    before it.
+    """
+
+    LATE = 2
+
+    def __init__(self, env: simpy.Environment) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, priority=self.LATE)
+
+
 class SimServer:
     """One (group) server on the virtual clock: replica, policy, links, buffered pushes, waiters."""
 
@@ -89,6 +108,7 @@ class SimServer:
         self._pending: dict[int, Push] = {}
         self._waiters: list[tuple[float, int, simpy.Event, int]] = []
         self._seq = itertools.count()
+        self._flush_due = False
 
     def gate(self, worker: int) -> simpy.Event | None:
         """None if ``worker`` may start now, else an event that fires when it may (or on a regroup)."""
@@ -109,8 +129,26 @@ class SimServer:
         batch = self.policy.on_push(worker)
         if batch:
             self._apply([self._pending.pop(w) for w in batch])
+        if self.policy.flushes and not self._flush_due:
+            self._flush_due = True
+            AfterTheMoment(self.env).callbacks.append(self._flush)
         self._wake()
         return 1 if batch else 0
+
+    def flush_now(self) -> None:
+        """Apply what a flushing policy holds without waiting for the end of the moment (the run stops now)."""
+        if self._flush_due:
+            self._flush(None)
+
+    def _flush(self, _: simpy.Event | None) -> None:
+        """The end of the moment: apply what the policy releases of every push that arrived in it."""
+        if not self._flush_due:
+            return
+        self._flush_due = False
+        batch = self.policy.flush()
+        if batch:
+            self._apply([self._pending.pop(w) for w in batch])
+            self._wake()
 
     def remove(self, worker: int) -> None:
         """``worker`` left: forget it, apply an update it was holding back (BSP), release the waiters."""
@@ -151,9 +189,11 @@ class SimServer:
         for (grad_mask, delta_mask), same in by_masks.items():
             if any(grad_mask):
                 frozen = [sl for sl, g in zip(self.slices, grad_mask) if not g]
-                self.replica.apply([p.grad for p in same], self.weight, frozen=frozen)
+                self.replica.apply([p.grad if p.discount == 1.0 else p.grad * p.discount for p in same], self.weight,
+                                   frozen=frozen)
             if any(delta_mask):
-                self.replica.add_delta([p.delta for p in same], self.weight, masked_slices(self.slices, delta_mask))
+                self.replica.add_delta([p.delta if p.discount == 1.0 else p.delta * p.discount for p in same],
+                                       self.weight, masked_slices(self.slices, delta_mask))
         if self.schedule.periodic:
             return
         for push in pushes:
