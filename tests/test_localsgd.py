@@ -12,6 +12,7 @@ from shoal.engine.replica import Replica
 from shoal.engine.setup import build_setup
 from shoal.sync import LocalSGD, PeriodicSchedule
 from shoal.sync.localsgd import AsynchronousOuter
+from shoal.sync.periods import Periods
 
 from conftest import FAST
 
@@ -69,6 +70,35 @@ def test_asynchronous_outer_steps_wait_for_nobody_but_their_own_step():
     assert [policy.discount(s) for s in (0, 1, 3)] == [1.0, 0.5, 0.25]
 
 
+def test_adaptive_periods_shrink_with_the_square_root_of_the_loss():
+    """H = 16: the first period is 16 steps; losses 4 then 1 then 0.25 give periods 16, ceil(16 * 0.5) = 8,
+    ceil(16 * 0.25) = 4; a loss above the first keeps 16."""
+    periods = Periods(16, adaptive=True)
+    for loss, boundary in ((4.0, 16), (1.0, 32), (0.25, 40), (9.0, 44)):
+        periods.observe(loss)
+        periods.observe(loss)
+        periods.close(boundary)
+    assert periods.periods() == [16, 16, 8, 4, 16]
+    assert [c for c in range(60) if periods.is_sync(c)] == [15, 31, 39, 43, 59]
+    assert periods.last_boundary(42) == 40 and periods.last_boundary(15) == 0
+    fixed = Periods(4, warmup_steps=3)
+    assert [fixed.last_boundary(k) for k in range(12)] == [0, 1, 2, 3, 3, 3, 3, 7, 7, 7, 7, 11]
+
+
+def test_the_policy_decides_the_next_adaptive_period_when_the_round_closes():
+    policy = LocalSGD(range(2), local_steps=4, adaptive=True)
+    for clock in range(4):
+        for w, loss in ((0, 2.0), (1, 2.0)):
+            policy.observe(w, loss if clock < 3 else 2.0)
+            policy.on_push(w)
+    assert policy.periods.boundaries == [4, 8]  # first period at the first loss: the next is 4 again
+    for clock in range(4):
+        for w in (0, 1):
+            policy.observe(w, 0.5)
+            policy.on_push(w)
+    assert policy.periods.boundaries == [4, 8, 10]  # mean loss 0.5 of 2.0: ceil(4 * 0.5) = 2
+
+
 # -- end to end on the sim backend ------------------------------------------------------------
 
 
@@ -116,6 +146,16 @@ def test_asynchronous_diloco_lets_a_fast_worker_run_ahead_and_discounts_late_cha
     fast, slow = asynchronous.stats
     assert fast.wait_s == 0 and slow.wait_s == 0 and synchronous.stats[0].wait_s > 1.0
     assert fast.iterations >= 3.5 * slow.iterations
+    assert summary["final_accuracy"] > 0.5
+
+
+def test_adaptive_local_sgd_averages_more_often_as_the_loss_falls():
+    backend, summary = run_sim("sync.scheme=localsgd", "sync.localsgd.local_steps=16", "sync.localsgd.adaptive=true",
+                               "run.max_time_s=3")
+    periods = backend.servers[0].policy.periods.periods()
+    assert periods[:2] == [16, 16] and max(periods[-10:]) <= 4, periods  # the loss fell: periods of a few steps
+    fixed, fixed_summary = run_sim("sync.scheme=localsgd", "sync.localsgd.local_steps=16", "run.max_time_s=3")
+    assert summary["bytes_up"] > fixed_summary["bytes_up"]  # the shorter periods sent more
     assert summary["final_accuracy"] > 0.5
 
 

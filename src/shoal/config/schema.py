@@ -127,9 +127,10 @@ class Config(Section):
         if mode == "deadline" and self.balance.micro_batch > self.data.batch_size:
             raise ValueError(f"balance.micro_batch = {self.balance.micro_batch} is larger than data.batch_size = "
                              f"{self.data.batch_size}")
-        if mode == "steps" and scheme.warmup_steps is not None and scheme.warmup_steps(self.sync):
+        options = getattr(self.sync, self.sync.scheme, None)
+        if mode == "steps" and (getattr(options, "warmup_steps", 0) or getattr(options, "adaptive", False)):
             raise ValueError(f"sync.balance: balanced local steps make every iteration a whole period; "
-                             f"sync.{self.sync.scheme}.warmup_steps (post-local SGD) does not fit it: use 0")
+                             f"sync.{self.sync.scheme}.warmup_steps and adaptive periods do not fit it")
         if mode in ("batch", "deadline"):
             low, high, name, value = self.balance.min_batch, self.balance.max_batch, "data.batch_size", self.data.batch_size
         else:

@@ -64,6 +64,9 @@ class SyncPolicy(ABC):
         every push of the moment has arrived); the others release nothing here."""
         return ()
 
+    def observe(self, worker: int, loss: float | None) -> None:
+        """The training loss of ``worker``'s step, reported with its push (adaptive periods use it)."""
+
     def discount(self, staleness: int) -> float:
         """The factor on a push applied ``staleness`` updates after its worker's base was pulled (1: none)."""
         return 1.0

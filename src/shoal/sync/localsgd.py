@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from shoal.sync.base import SchemeSpec, SyncPolicy, register_scheme
+from shoal.sync.periods import Periods
 from shoal.sync.policies import BSP
 
 
@@ -36,22 +37,29 @@ class LocalSGD(BSP):
 
     name = "localsgd"
 
-    def __init__(self, workers: Iterable[int], local_steps: int, warmup_steps: int = 0) -> None:
-        if local_steps < 1 or warmup_steps < 0:
-            raise ValueError("local_steps must be >= 1 and warmup_steps >= 0")
+    def __init__(self, workers: Iterable[int], local_steps: int, warmup_steps: int = 0, adaptive: bool = False) -> None:
         super().__init__(workers)
+        self.periods = Periods(local_steps, warmup_steps, adaptive)
         self.local_steps = local_steps
-        self.warmup_steps = warmup_steps
 
     def start_threshold(self, worker: int) -> int | None:
-        return last_sync_boundary(self.clocks[worker], self.local_steps, self.warmup_steps)
+        return self.periods.last_boundary(self.clocks[worker])
 
     def is_sync(self, clock: int) -> bool:
         """Whether the push that ends local step ``clock`` (0-based) carries a model change."""
-        return is_sync_clock(clock, self.local_steps, self.warmup_steps)
+        return self.periods.is_sync(clock)
+
+    def observe(self, worker: int, loss: float | None) -> None:
+        self.periods.observe(loss)
 
     def _merge(self, worker: int) -> tuple[int, ...]:
-        return super()._merge(worker) if self.is_sync(self.clocks[worker] - 1) else ()
+        clock = self.clocks[worker] - 1
+        if not self.is_sync(clock):
+            return ()
+        batch = super()._merge(worker)
+        if batch:  # the averaging is done: an adaptive rule decides the next period now
+            self.periods.close(clock + 1)
+        return batch
 
 
 class AsynchronousOuter(SyncPolicy):
@@ -72,8 +80,8 @@ class AsynchronousOuter(SyncPolicy):
 
     def __init__(self, workers: Iterable[int], local_steps: int, warmup_steps: int = 0) -> None:
         super().__init__(workers)
+        self.periods = Periods(local_steps, warmup_steps)
         self.local_steps = local_steps
-        self.warmup_steps = warmup_steps
         self.updates = 0  # outer steps so far: the progress a worker with a buffered change waits on
         self.buffered: list[int] = []
 
@@ -85,7 +93,7 @@ class AsynchronousOuter(SyncPolicy):
         return self.updates + 1 if worker in self.buffered else None
 
     def is_sync(self, clock: int) -> bool:
-        return is_sync_clock(clock, self.local_steps, self.warmup_steps)
+        return self.periods.is_sync(clock)
 
     def _merge(self, worker: int) -> tuple[int, ...]:
         if self.is_sync(self.clocks[worker] - 1):
@@ -105,20 +113,6 @@ class AsynchronousOuter(SyncPolicy):
         return ()
 
 
-def is_sync_clock(clock: int, local_steps: int, warmup_steps: int = 0) -> bool:
-    """Whether local step ``clock`` (0-based) ends with an averaging: every step of the warm-up (post-local
-    SGD), then every ``local_steps``-th step counted from its end."""
-    return clock < warmup_steps or (clock + 1 - warmup_steps) % local_steps == 0
-
-
-def last_sync_boundary(steps_done: int, local_steps: int, warmup_steps: int = 0) -> int:
-    """How many steps every worker must have done before a worker that did ``steps_done`` goes on: up to the
-    last averaging at or before it."""
-    if steps_done <= warmup_steps:
-        return steps_done
-    return warmup_steps + (steps_done - warmup_steps) // local_steps * local_steps
-
-
 class PeriodicSchedule:
     """The aggregation plan of local SGD / DiLoCo: every tensor at every H-th clock, none in between.
 
@@ -133,9 +127,17 @@ class PeriodicSchedule:
         self.num_tensors = num_tensors
         self.local_steps = local_steps
         self.warmup_steps = warmup_steps
+        self.periods = Periods(local_steps, warmup_steps)
+
+    def follow(self, policy: SyncPolicy) -> None:
+        """Take the averaging steps from the server's policy (adaptive periods are decided there, as rounds
+        close), so the plan and the gate never disagree."""
+        periods = getattr(policy, "periods", None)
+        if isinstance(periods, Periods):
+            self.periods = periods
 
     def plan(self, clock: int) -> tuple[bool, ...]:
-        return (clock < 0 or is_sync_clock(clock, self.local_steps, self.warmup_steps),) * self.num_tensors
+        return (clock < 0 or self.periods.is_sync(clock),) * self.num_tensors
 
     def fresh(self, clock: int) -> tuple[bool, ...]:
         """The tensors a worker takes from the server before step ``clock``: those aggregated at the previous clock."""
@@ -162,15 +164,17 @@ class PeriodicSchedule:
 
 
 register_scheme(SchemeSpec("localsgd", policy=lambda workers, sync: LocalSGD(workers, sync.localsgd.local_steps,
-                                                                              sync.localsgd.warmup_steps),
+                                                                              sync.localsgd.warmup_steps,
+                                                                              sync.localsgd.adaptive),
                            warmup_steps=lambda sync: sync.localsgd.warmup_steps,
                            local_steps=lambda sync: sync.localsgd.local_steps, color="#9467bd", balance=("batch", "steps"),
                            grid=(("sync.localsgd.local_steps", (2, 8, 32)),)),
                 "local SGD: workers step their own models and average them every sync.localsgd.local_steps")
 def _diloco_policy(workers: Iterable[int], sync) -> SyncPolicy:  # noqa: ANN001 (the [sync] section)
     opts = sync.diloco
-    outer = AsynchronousOuter if opts.asynchronous else LocalSGD
-    return outer(workers, opts.local_steps, opts.warmup_steps)
+    if opts.asynchronous:
+        return AsynchronousOuter(workers, opts.local_steps, opts.warmup_steps)
+    return LocalSGD(workers, opts.local_steps, opts.warmup_steps, opts.adaptive)
 
 
 register_scheme(SchemeSpec("diloco", policy=_diloco_policy,

@@ -103,6 +103,10 @@ def validate(cfg: Config) -> None:
     if scheme.policy is not None and scheme.policy(range(cfg.cluster.workers), cfg.sync).flushes:
         raise ConfigError(f"sync.{cfg.sync.scheme}.asynchronous: outer steps at the end of each moment run on sim "
                           "only so far; use asynchronous = false on ray")
+    options = getattr(cfg.sync, cfg.sync.scheme, None)
+    if getattr(options, "adaptive", False):
+        raise ConfigError(f"sync.{cfg.sync.scheme}.adaptive: adaptive periods run on sim only so far; use "
+                          "adaptive = false on ray")
     overlap = scheme.overlap
     if overlap is not None and overlap(cfg.sync)[0] > 0:
         raise ConfigError(f"sync.{cfg.sync.scheme}.overlap_steps: an outer all-reduce overlapped with inner steps "

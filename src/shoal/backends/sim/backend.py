@@ -211,6 +211,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         comm = pull_s + push_s
         due = self._checkpoint_due()
         waiting = server.waiting() if due else []
+        server.policy.observe(w, loss)
         if server.policy.flushes:  # a late change counts for less
             push = replace(push, discount=server.policy.discount(server.version - self.base_version.get(w, 0)))
         applied = server.receive(w, push)

@@ -98,6 +98,8 @@ class SimServer:
         self.replica = replica
         self.weight = weight
         self.schedule = schedule
+        if isinstance(schedule, PeriodicSchedule):  # local SGD's plan follows the policy's periods
+            schedule.follow(policy)
         self.slices = slices or []
         self._meters: dict[int, SimilarityMeter] = {}
         self.ingress = SharedLink(env, bandwidth_bps)
