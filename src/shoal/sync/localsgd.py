@@ -163,13 +163,17 @@ class PeriodicSchedule:
         return {}
 
 
-register_scheme(SchemeSpec("localsgd", policy=lambda workers, sync: LocalSGD(workers, sync.localsgd.local_steps,
-                                                                              sync.localsgd.warmup_steps,
-                                                                              sync.localsgd.adaptive),
-                           warmup_steps=lambda sync: sync.localsgd.warmup_steps,
-                           local_steps=lambda sync: sync.localsgd.local_steps, color="#9467bd", balance=("batch", "steps"),
-                           grid=(("sync.localsgd.local_steps", (2, 8, 32)),)),
+def _localsgd_policy(workers: Iterable[int], sync) -> SyncPolicy:  # noqa: ANN001 (the [sync] section)
+    opts = sync.localsgd
+    return LocalSGD(workers, opts.local_steps, opts.warmup_steps, opts.adaptive)
+
+
+register_scheme(SchemeSpec("localsgd", policy=_localsgd_policy, warmup_steps=lambda sync: sync.localsgd.warmup_steps,
+                           local_steps=lambda sync: sync.localsgd.local_steps, color="#9467bd",
+                           balance=("batch", "steps"), grid=(("sync.localsgd.local_steps", (2, 8, 32)),)),
                 "local SGD: workers step their own models and average them every sync.localsgd.local_steps")
+
+
 def _diloco_policy(workers: Iterable[int], sync) -> SyncPolicy:  # noqa: ANN001 (the [sync] section)
     opts = sync.diloco
     if opts.asynchronous:
