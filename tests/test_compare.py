@@ -180,7 +180,9 @@ def test_compare_writes_rows_plots_and_report(compared):
     assert data["provenance"]["cpu"] and data["provenance"]["torch"]  # runs repeat exactly only on the same CPU kind
     assert f"torch {data['provenance']['torch']}" in page
     assert f"Made by shoal {__version__} on " in page  # the footer says which shoal made it, where and when
-    assert page.count('<img src="data:image/png;base64,') == 6  # accuracy, loss and bytes, time split, and three timelines
+    # accuracy, loss and bytes, bytes against time to target, time split, and three timelines
+    assert page.count('<img src="data:image/png;base64,') == 7
+    assert (out / "bytes_time.png").is_file() and all(row["bytes_to_target"] for row in rows.values())
     assert "profiled" in page  # gssp's grouping is listed
 
 

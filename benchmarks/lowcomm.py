@@ -1,0 +1,165 @@
+"""Low-communication training as it is done today, measured under the held-out protocol (issue 40).
+
+One ``shoal compare`` per study (docs/fair-comparison.md): every scheme tunes
+its own knobs (3 points) on the development seeds and runs its kept point on
+>= 10 evaluation seeds. The network is communication-bound (1 Gbit/s links
+and server), the 16 workers are equally fast, so what is measured is what
+each scheme sends and what that costs in time:
+
+- BSP, local SGD (fixed H), post-local SGD (a warm-up of BSP steps, then H),
+  AdaComm (periods that shrink with the loss), DiLoCo, Streaming DiLoCo
+  (4 fragments, overlap 1) with float32 and with fp4 outer gradients, and
+  SIM on BSP.
+
+The answers, on the evaluation seeds:
+
+- Streaming DiLoCo's bytes to target against BSP's (the ratio of medians) and
+  its time to target against tuned DiLoCo's (speed-up of medians, p);
+- its peak upload per worker against DiLoCo's (``peak_push_bytes``);
+- fp4 against float32 outer gradients: the fp4 run's validation metric at the
+  time the float32 run reached the target, relative to the target;
+- post-local and AdaComm against fixed-H local SGD: time and bytes to target;
+- SIM against the best of local SGD, DiLoCo and Streaming DiLoCo, with the
+  bytes each moved (the report's bytes-against-time plot shows the front).
+
+Usage:
+    .venv/bin/python benchmarks/lowcomm.py STUDY [--jobs 2] [--seeds 10] [--tune-seeds 2] [--resume]
+    .venv/bin/python benchmarks/lowcomm.py --list
+
+Results: benchmarks/results/lowcomm-STUDY.{json,md}; runs in runs/evidence/lowcomm-STUDY.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from balance import pairwise
+from evidence import LM, markdown as evidence_markdown, strip
+from tuned import ROOT, provenance, write_results
+
+ONE_GBIT = ["cluster.link_gbps=1", "cluster.server_gbps=1"]
+STREAMING = "streaming_diloco"
+FP4 = "streaming_diloco@sync.streaming_diloco.outer_quantization=fp4"
+POST_LOCAL = "localsgd@sync.localsgd.warmup_steps=64"
+ADACOMM = "localsgd@sync.localsgd.adaptive=true"
+SCHEMES = f"bsp,localsgd,{POST_LOCAL},{ADACOMM},diloco,{STREAMING},{FP4},bsp+sim"
+LOW_COMM = ("localsgd", "diloco", STREAMING, FP4)
+
+STUDIES: dict[str, dict[str, Any]] = {
+    "lm-1g": {**LM, "sets": LM["sets"] + ONE_GBIT, "schemes": SCHEMES,
+              "title": "byte transformer on the stdlib, 16 equal workers, 1 Gbit/s links and server"},
+}
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study", nargs="?", choices=sorted(STUDIES))
+    parser.add_argument("--list", action="store_true", help="list the studies")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds (>= 10 for a claim)")
+    parser.add_argument("--tune-seeds", type=int, default=2, help="development seeds")
+    parser.add_argument("--resume", action="store_true", help="keep the finished runs of an interrupted study")
+    args = parser.parse_args(argv)
+    if args.list or not args.study:
+        for name, study in STUDIES.items():
+            print(f"{name}: {study['title']}; runs in runs/evidence/lowcomm-{name}")
+        return
+    run_study(args.study, args.seeds, args.tune_seeds, args.jobs, args.resume)
+
+
+def run_study(name: str, seeds: int, tune_seeds: int, jobs: int, resume: bool) -> dict[str, Any]:
+    from shoal.comparison import run_comparison
+
+    study = STUDIES[name]
+    out = ROOT / "runs" / "evidence" / f"lowcomm-{name}"
+    result, _ = run_comparison(ROOT / study["config"], study["schemes"], seeds, list(study["sets"]), out,
+                               overwrite=False, quiet=False, tune=[], tune_seeds=tune_seeds, jobs=jobs, resume=resume)
+    rows = {r["scheme"]: r for r in result["rows"]}
+    best_low = min(LOW_COMM, key=lambda s: (rows[s]["time_to_target_s"] is None, rows[s]["time_to_target_s"] or 0.0))
+    answers = {
+        "streaming_bytes_vs_bsp": bytes_ratio(rows[STREAMING], rows["bsp"]),
+        "fp4_bytes_vs_bsp": bytes_ratio(rows[FP4], rows["bsp"]),
+        "streaming_vs_diloco": pairwise(result, STREAMING, "diloco"),
+        "peak_upload_vs_diloco": peak_ratio(rows[STREAMING], rows["diloco"]),
+        "fp4_at_target": quality_at_target(out, rows[FP4], rows[STREAMING], result.get("target")),
+        "post_local_vs_localsgd": {**pairwise(result, POST_LOCAL, "localsgd"),
+                                   "bytes": bytes_ratio(rows[POST_LOCAL], rows["localsgd"])},
+        "adacomm_vs_localsgd": {**pairwise(result, ADACOMM, "localsgd"),
+                                "bytes": bytes_ratio(rows[ADACOMM], rows["localsgd"])},
+        "sim_vs_best_low_comm": {**pairwise(result, "bsp+sim", best_low),
+                                 "bytes": bytes_ratio(rows["bsp+sim"], rows[best_low])},
+    }
+    record = {**provenance(), "study": name, "title": study["title"], "answers": answers, "compare": strip(result)}
+    write_results(f"lowcomm-{name}", record, report(name, study, result, answers))
+    return record
+
+
+def bytes_ratio(mine: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """How many times fewer bytes ``mine`` moved to the target than ``base`` (ratio of medians; None if either
+    median never reached it)."""
+    a, b = mine.get("bytes_to_target"), base.get("bytes_to_target")
+    return {"mine": a, "base": b, "fewer_x": None if not a or b is None else round(b / a, 3)}
+
+
+def peak_ratio(mine: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """``mine``'s largest single upload of a worker over ``base``'s (medians over seeds)."""
+    a, b = mine.get("peak_push_bytes"), base.get("peak_push_bytes")
+    return {"mine": a, "base": b, "ratio": None if not a or not b else round(a / b, 4)}
+
+
+def quality_at_target(out: Path, mine: dict[str, Any], base: dict[str, Any], target: float | None) -> dict[str, Any]:
+    """Per seed: ``mine``'s metric at the time ``base`` reached the target (its last evaluation by then),
+    relative to the target; the median over seeds (positive: worse, for a metric where lower is better)."""
+    changes = []
+    for m, b in zip(mine["seeds"], base["seeds"]):
+        t = b.get("time_to_target_s")
+        if t is None or target is None:
+            continue
+        evals = [json.loads(line) for line in (out / m["run_dir"] / "metrics.jsonl").read_text().splitlines()
+                 if '"eval"' in line]
+        before = [e for e in evals if e["event"] == "eval" and e["t"] <= t]
+        if before:
+            value = before[-1].get("value", before[-1].get("accuracy"))
+            changes.append(round((value - target) / abs(target), 6))
+    return {"per_seed": changes, "median": statistics.median(changes) if changes else None}
+
+
+def report(name: str, study: dict[str, Any], result: dict[str, Any], answers: dict[str, Any]) -> str:
+    lines = [evidence_markdown(name, study, result).replace("# Evidence:", "# Low communication:", 1), "",
+             "| scheme | median bytes to target | peak upload per worker |", "|---|---:|---:|"]
+    for row in result["rows"]:
+        lines.append(f"| {row['scheme']} | {_bytes(row.get('bytes_to_target'))} | {_bytes(row.get('peak_push_bytes'))} |")
+    s, f = answers["streaming_bytes_vs_bsp"], answers["fp4_bytes_vs_bsp"]
+    lines += ["", f"**Bytes to target against BSP**: Streaming DiLoCo {_x(s['fewer_x'])} fewer, with fp4 "
+                  f"{_x(f['fewer_x'])} fewer (ratio of medians)."]
+    for key, title in (("streaming_vs_diloco", "Streaming DiLoCo against tuned DiLoCo"),
+                       ("post_local_vs_localsgd", "Post-local SGD against fixed-H local SGD"),
+                       ("adacomm_vs_localsgd", "AdaComm against fixed-H local SGD"),
+                       ("sim_vs_best_low_comm", "SIM against the best low-communication scheme")):
+        a = answers[key]
+        sp, p = a["speedup"]["value"], a["p_value"]
+        extra = f"; {_x(a['bytes']['fewer_x'])} fewer bytes" if "bytes" in a else ""
+        lines += ["", f"**{title}** ({a['mine']} vs {a['base']}): speed-up of medians {_x(sp)}, Mann-Whitney "
+                      f"p = {'-' if p is None else f'{p:.3g}'}{extra}."]
+    peak, q = answers["peak_upload_vs_diloco"], answers["fp4_at_target"]
+    lines += ["", f"**Peak upload**: Streaming DiLoCo's is {peak['ratio']} of DiLoCo's.",
+              "", f"**fp4 at the target**: when float32 Streaming DiLoCo reached the target, fp4's metric was "
+                  f"{'-' if q['median'] is None else f'{100 * q['median']:+.2f}%'} from it (median over seeds)."]
+    return "\n".join(lines) + "\n"
+
+
+def _bytes(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e6:.1f} MB"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
