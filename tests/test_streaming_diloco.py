@@ -188,6 +188,20 @@ def test_fragments_cut_the_peak_upload_and_fp4_cuts_the_bytes():
     assert fp4.recorder.evals[-1]["accuracy"] > 0.5
 
 
+def test_fp4_quantises_the_way_back_too_and_the_server_keeps_what_the_workers_receive():
+    """After the first (float32) pull every download is a quantised fragment change; the server's replica is
+    its old value plus exactly the change the workers decode, so their bases agree with it bit for bit."""
+    common = ["sync.scheme=streaming_diloco", "sync.streaming_diloco.local_steps=4", "sync.streaming_diloco.fragments=2",
+              "sync.streaming_diloco.overlap_steps=0", "cluster.workers=2", "cluster.speeds=[1,1]",
+              "run.max_iterations=18"]
+    dense = run_sim(*common)
+    fp4 = run_sim(*common, "sync.streaming_diloco.outer_quantization=fp4")
+    first = 2 * 4 * fp4.setup.engine.num_params
+    assert fp4.recorder.bytes_down - first < 0.2 * (dense.recorder.bytes_down - first)
+    server = fp4.servers[0].replica.params.detach()
+    assert all(torch.equal(local.base, server) for local in fp4.locals)  # after 9 steps every turn was taken
+
+
 # -- quantisers -------------------------------------------------------------------------------------
 
 

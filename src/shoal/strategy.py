@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from shoal.compress.codec import DELTA_SALT, GradientCodec, exchange_codec, server_optimizer, worker_codec
+from shoal.compress.codec import (BROADCAST_SALT, DELTA_SALT, GradientCodec, exchange_codec, server_optimizer,
+                                  worker_codec)
 from shoal.compress.gdtopk import GDTopKSchedule
 from shoal.compress.similarity import SimilaritySchedule
 from shoal.config import Config, OptimizerConfig
@@ -148,6 +149,18 @@ class Strategy:
         if self.scheme.outer_codec is not None and (method := self.scheme.outer_codec(self.cfg.sync)) != "none":
             compression = compression.model_copy(update={"method": method, "error_feedback": True})
         return worker_codec(compression, self.cfg.run.seed, worker, self.layout, DELTA_SALT, None)
+
+    def broadcast_codec(self, server: int = 0) -> GradientCodec | None:
+        """The codec a server sends its model changes back with, or None (dense float32 values).
+
+        With quantised outer gradients (Streaming DiLoCo's ``outer_quantization``) the way back is quantised
+        too, as in the paper's quantised all-reduce: the server sends each synchronised fragment's change in
+        the same format, with error feedback at the server, and keeps exactly what the workers receive.
+        """
+        if self.scheme.outer_codec is None or (method := self.scheme.outer_codec(self.cfg.sync)) == "none":
+            return None
+        compression = self.cfg.compression.model_copy(update={"method": method, "error_feedback": True})
+        return worker_codec(compression, self.cfg.run.seed, 2_000_000 + server, self.layout, BROADCAST_SALT, None)
 
     def exchange_codec(self, group: int) -> GradientCodec | None:
         """The codec a GSSP group server compresses its own delta with."""

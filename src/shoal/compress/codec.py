@@ -60,9 +60,10 @@ class GradientCodec:
                                          if k.startswith("compressor.")})
         self.memory.load_state_dict({k.removeprefix("memory."): v for k, v in state.items() if k.startswith("memory.")})
 
-    def nominal_bytes(self, density: float) -> int:
-        """Payload bytes of one push without a gradient (cost mode)."""
-        return sum(self.compressor.nominal_named_bytes(slot.shape, density) for slot in self.layout)
+    def nominal_bytes(self, density: float, send: Sequence[bool] | None = None) -> int:
+        """Payload bytes of one push without a gradient (cost mode), of every tensor or those ``send`` marks."""
+        return sum(self.compressor.nominal_named_bytes(slot.shape, density) for i, slot in enumerate(self.layout)
+                   if send is None or send[i])
 
 
 #: seed offset of the second codec a SIM worker keeps for its local changes
@@ -95,6 +96,10 @@ def worker_codec(compression: CompressionConfig, seed: int, worker: int, layout:
     compressor = COMPRESSORS[compression.method].from_config(compression, (seed * 1_000_003 + worker + salt) % 2**31)
     memory = MomentumMemory(opt.momentum) if opt is not None and momentum_corrected(compression, opt) else None
     return GradientCodec(compressor, layout, compression.error_feedback and not compressor.unbiased, memory)
+
+
+#: seed offset of the codec a server broadcasts quantised model changes with (Streaming DiLoCo)
+BROADCAST_SALT = 15_485_863
 
 
 #: seed offset of the codec a GSSP group server keeps for its own-delta exchange

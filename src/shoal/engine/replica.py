@@ -141,14 +141,14 @@ class Replica:
                     tensor[sl] = 0
 
     def add_delta(self, deltas: Sequence[torch.Tensor], weight: float,
-                  only: Sequence[slice] | None = None) -> None:
+                  only: Sequence[slice] | None = None) -> torch.Tensor:
         """Move the parameters by ``weight * sum(deltas)`` (SIM, local SGD: the workers' accumulated local changes).
 
         With an outer optimizer (DiLoCo) ``-weight * sum(deltas)`` is its
         pseudo-gradient instead: one Nesterov SGD step on it. ``only``: the
         outer step touches just these slices (a Streaming DiLoCo fragment),
         whose momentum alone decays, as if every fragment had its own outer
-        optimizer.
+        optimizer. Returns the change it made to the parameters.
         """
         total = torch.stack(list(deltas)).sum(0) if len(deltas) > 1 else deltas[0].clone()
         total.mul_(weight)
@@ -166,6 +166,15 @@ class Replica:
         if self.own_params is not None:
             self.own_params.add_(total)
         self.version += 1
+        return total
+
+    def correct(self, made: torch.Tensor, sent: torch.Tensor) -> None:
+        """The workers receive ``sent`` instead of the change ``made`` (a quantised broadcast): hold what they
+        hold, ``params - made + sent``, so server and workers agree exactly."""
+        with torch.no_grad():
+            self.params.add_(sent - made)
+        if self.own_params is not None:
+            self.own_params.add_(sent - made)
 
     def _outer_step_on(self, grad: torch.Tensor, only: Sequence[slice]) -> torch.Tensor:
         """Nesterov SGD on the slices ``only`` (torch's update, restricted): the parameters' change."""

@@ -72,6 +72,7 @@ class GroupServer:
         self.ina: ServerSide | None = None
         # SIM (compression.similarity): the schedule, the tensor slices, per-clock meters, workers to re-send in full
         self.schedule: SimilaritySchedule | None = None
+        self.broadcast: GradientCodec | None = None  # quantised model changes sent back (Streaming DiLoCo)
         self.slices: list[slice] = []
         self._meters: dict[int, SimilarityMeter] = {}
         self.force_pull: set[int] = set()
@@ -116,9 +117,13 @@ class GroupServer:
         return (*self.state(), others)
 
     def set_similarity(self, schedule: SimilaritySchedule | PeriodicSchedule | None,
-                       slices: list[tuple[int, int]]) -> None:
-        """SIM, local SGD, DiLoCo: the schedule this server runs and the tensors' (start, stop) in the flat vector."""
+                       slices: list[tuple[int, int]], broadcast: GradientCodec | None = None) -> None:
+        """SIM, local SGD, DiLoCo: the schedule this server runs and the tensors' (start, stop) in the flat vector;
+        ``broadcast``: the codec of the model changes sent back (quantised Streaming DiLoCo), else dense values."""
         self.schedule = schedule
+        self.broadcast = broadcast
+        if isinstance(schedule, PeriodicSchedule) and self.policy is not None:
+            schedule.follow(self.policy)
         self.slices = [slice(a, b) for a, b in slices]
         self._meters.clear()
         self.force_pull = set(self.policy.clocks) if self.policy is not None else set()
@@ -237,6 +242,7 @@ class GroupServer:
         assert self.schedule is not None and self.policy is not None and self.replica is not None
         clock = self.policy.clocks[worker]
         plan = self.schedule.plan(clock)
+        changed = clock > 0 and worker not in self.force_pull  # the fresh tensors moved by a sync since the last pull
         fresh = (True,) * len(plan) if worker in self.force_pull else self.schedule.fresh(clock)
         self.force_pull.discard(worker)
         self.schedule.record_saved(fresh)  # download
@@ -244,8 +250,11 @@ class GroupServer:
         values = pack(self.replica.params.detach(), fresh, self.slices)
         periodic = self.schedule.periodic  # local SGD: batch-norm buffers travel only with a sync
         buffer_values = 0 if periodic and not any(fresh) else self.replica.buffers.numel()
+        nbytes = 4 * (values.size + buffer_values)
+        if self.broadcast is not None and changed and any(fresh):  # the change travels quantised
+            nbytes = self.broadcast.nominal_bytes(1.0, fresh) + 4 * buffer_values
         return {"params": values, "fresh": fresh, "plan": plan, "clock": clock, "periodic": periodic,
-                "nbytes": 4 * (values.size + buffer_values)}
+                "nbytes": nbytes}
 
     async def push(self, worker: int, pulled_version: int | None, grad: np.ndarray | None,
                    buffer_delta: np.ndarray, sim: dict[str, Any] | None = None, then_pull: bool = False,
@@ -350,7 +359,9 @@ class GroupServer:
                 frozen = [sl for sl, g in zip(self.slices, grad_mask) if not g]
                 self.replica.apply([g for g, _ in same], self.weight, frozen=frozen)
             if any(delta_mask):
-                self.replica.add_delta([d for _, d in same], self.weight, masked_slices(self.slices, delta_mask))
+                made = self.replica.add_delta([d for _, d in same], self.weight, masked_slices(self.slices, delta_mask))
+                if self.broadcast is not None:  # the workers receive the change quantised: hold what they hold
+                    self.replica.correct(made, self.broadcast.encode(made, 1.0, delta_mask)[0])
         if self.schedule.periodic:
             return
         for grad, _, sim in pushes:

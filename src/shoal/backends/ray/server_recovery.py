@@ -163,7 +163,7 @@ class ServerRecovery:
         server.set_lr.remote(self.lr)
         schedule = self.strategy.aggregation_schedule()
         if schedule is not None:
-            server.set_similarity.remote(schedule, self._slices())
+            server.set_similarity.remote(schedule, self._slices(), self.strategy.broadcast_codec(g))
         if self.gssp is not None and self.gssp.grouped:
             server.set_exchange_codec.remote(self.strategy.exchange_codec(g))
 

@@ -312,8 +312,8 @@ class ActorSetup:
             ray.get([s.restore.remote(policies[g], folder, f"group-{g}", self.epoch) for g, s in enumerate(self.servers)])
         schedule = self.strategy.aggregation_schedule()  # built exactly as the sim builds it
         if schedule is not None:  # SIM periods are not checkpointed: a resume starts them again
-            ray.get([s.set_similarity.remote(schedule.restarted(keep_bytes=g == 0), self._slices())
-                     for g, s in enumerate(self.servers)])
+            ray.get([s.set_similarity.remote(schedule.restarted(keep_bytes=g == 0), self._slices(),
+                                             self.strategy.broadcast_codec(g)) for g, s in enumerate(self.servers)])
 
     def _slices(self) -> list[tuple[int, int]]:
         return [(s.offset, s.offset + s.numel) for s in self.setup.engine.layout]

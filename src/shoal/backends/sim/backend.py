@@ -133,8 +133,9 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
 
     def _make_server(self, policy: SyncPolicy, replica: Replica | None,
                      schedule: AggregationSchedule | None = None) -> SimServer:
-        return SimServer(self.env, policy, replica, self.weight(), self.profile.server_bps,
-                         schedule, self.slices)
+        server = SimServer(self.env, policy, replica, self.weight(), self.profile.server_bps, schedule, self.slices)
+        server.broadcast = self.strategy.broadcast_codec(len(getattr(self, "servers", [])))
+        return server
 
     def server_of(self, worker: int) -> SimServer:
         return self.servers[self.gssp.server_of[worker]] if self.gssp else self.servers[0]
@@ -250,7 +251,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
             return Pulled(params, buffers, self.setup.download_bytes)
         clock = server.policy.clocks[w]
         plan = server.schedule.plan(clock)
-        mixing = self.mixing if clock > 0 and w not in self.force_pull else 0.0  # an overlapped result
+        changed = clock > 0 and w not in self.force_pull  # the fresh tensors moved by a sync since the last pull
+        mixing = self.mixing if changed else 0.0  # an overlapped result
         fresh = (True,) * len(plan) if w in self.force_pull else server.schedule.fresh(clock)
         self.force_pull.discard(w)
         if any(fresh):  # what a change sent later is measured from (its staleness counts the updates since)
@@ -258,8 +260,11 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         values = self.locals[w].pull(params, fresh, mixing)
         server.schedule.record_saved(fresh)  # download
         server.schedule.record_saved(plan)  # upload
-        buffer_values = self._buffer_values(server.schedule, fresh)
-        return Pulled(self.locals[w].params, buffers, 4 * (values + buffer_values), fresh, plan, clock)
+        buffer_bytes = 4 * self._buffer_values(server.schedule, fresh)
+        if server.broadcast is not None and changed and any(fresh):  # the change came quantised
+            return Pulled(self.locals[w].params, buffers, server.broadcast.nominal_bytes(1.0, fresh) + buffer_bytes,
+                          fresh, plan, clock)
+        return Pulled(self.locals[w].params, buffers, 4 * values + buffer_bytes, fresh, plan, clock)
 
     def _buffer_values(self, schedule: AggregationSchedule, moved: tuple[bool, ...]) -> int:
         """Batch-norm values a SIM transfer carries: every time, or (local SGD) only with a sync."""

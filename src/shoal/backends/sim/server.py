@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import simpy
 import torch
 
+from shoal.compress.codec import GradientCodec
 from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
 from shoal.engine.cost import SharedLink
 from shoal.engine.replica import Replica, masked_slices
@@ -97,6 +98,7 @@ class SimServer:
         self.policy = policy
         self.replica = replica
         self.weight = weight
+        self.broadcast: GradientCodec | None = None  # quantises the model changes sent back (Streaming DiLoCo)
         self.schedule = schedule
         if isinstance(schedule, PeriodicSchedule):  # local SGD's plan follows the policy's periods
             schedule.follow(policy)
@@ -194,8 +196,10 @@ class SimServer:
                 self.replica.apply([p.grad if p.discount == 1.0 else p.grad * p.discount for p in same], self.weight,
                                    frozen=frozen)
             if any(delta_mask):
-                self.replica.add_delta([p.delta if p.discount == 1.0 else p.delta * p.discount for p in same],
-                                       self.weight, masked_slices(self.slices, delta_mask))
+                made = self.replica.add_delta([p.delta if p.discount == 1.0 else p.delta * p.discount for p in same],
+                                              self.weight, masked_slices(self.slices, delta_mask))
+                if self.broadcast is not None:  # the workers receive the change quantised: hold what they hold
+                    self.replica.correct(made, self.broadcast.encode(made, 1.0, delta_mask)[0])
         if self.schedule.periodic:
             return
         for push in pushes:
