@@ -146,10 +146,11 @@ def report(name: str, study: dict[str, Any], result: dict[str, Any], answers: di
         extra = f"; {_x(a['bytes']['fewer_x'])} fewer bytes" if "bytes" in a else ""
         lines += ["", f"**{title}** ({a['mine']} vs {a['base']}): speed-up of medians {_x(sp)}, Mann-Whitney "
                       f"p = {'-' if p is None else f'{p:.3g}'}{extra}."]
-    peak, q = answers["peak_upload_vs_diloco"], answers["fp4_at_target"]
+    peak, q = answers["peak_upload_vs_diloco"], answers["fp4_at_target"]["median"]
+    at_target = "-" if q is None else f"{100 * q:+.2f}%"
     lines += ["", f"**Peak upload**: Streaming DiLoCo's is {peak['ratio']} of DiLoCo's.",
               "", f"**fp4 at the target**: when float32 Streaming DiLoCo reached the target, fp4's metric was "
-                  f"{'-' if q['median'] is None else f'{100 * q['median']:+.2f}%'} from it (median over seeds)."]
+                  f"{at_target} from it (median over seeds)."]
     return "\n".join(lines) + "\n"
 
 
