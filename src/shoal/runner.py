@@ -186,6 +186,22 @@ def straggler_summary(metrics: Path, workers: int, resumed: bool = False) -> dic
     return analyse(kept(), workers).to_dict("virtual s")
 
 
+def _estimate_without_culprit(cfg: Config, summary: dict[str, Any], recorder: RunRecorder) -> None:
+    """Add what leaving the straggler out would have saved (shoal.whatif) to the summary and its verdict."""
+    from shoal.whatif import sentence, without_worker
+
+    stragglers = summary["stragglers"]
+    reached = recorder.time_to_target_s is not None
+    iterations = recorder.iterations_to_target if reached else recorder.iterations
+    real_s = recorder.time_to_target_s if reached else summary["elapsed_s"]
+    if not iterations or not real_s:
+        return
+    estimate = without_worker(cfg, summary["per_worker"], stragglers["culprit"], iterations, real_s)
+    estimate["to"] = "target" if reached else "end"
+    stragglers["without_culprit"] = estimate
+    stragglers["verdict"] += "; " + sentence(estimate)
+
+
 def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = None,
           resume: Path | None = None, on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run one training and write config.toml, metrics.jsonl and summary.json into ``out``.
@@ -231,6 +247,8 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
     exact_times = cfg.backend.name == "sim" and cfg.backend.log_iterations  # ray's wall times match no delivery
     summary["stragglers"] = (straggler_summary(out / "metrics.jsonl", cfg.cluster.workers, resume is not None)
                              if exact_times else None)
+    if summary["stragglers"] and summary["stragglers"]["culprit"] is not None and summary["stop_reason"] != "diverged":
+        _estimate_without_culprit(cfg, summary, recorder)
     from shoal.engine.export import save_model
 
     summary["model_file"] = "model.safetensors" if save_model(setup, out) else None

@@ -107,6 +107,13 @@ class RunRecorder:
         return False
 
     @property
+    def iterations_to_target(self) -> int | None:
+        """The iterations all workers had done at the evaluation that is the time to target."""
+        if self.time_to_target_s is None:
+            return None
+        return next((e["iterations"] for e in self.evals if e["t"] == self.time_to_target_s), None)
+
+    @property
     def bytes_to_target(self) -> int | None:
         """The bytes every worker had sent and received at the evaluation that is the time to target."""
         if self.time_to_target_s is None:

@@ -1,0 +1,78 @@
+"""What a run would have done without its straggler: the same cluster less one worker, replayed in cost mode.
+
+The straggler analysis (engine/stragglers.py) names the worker whose
+deliveries ended most of the waiting. This module estimates what it cost:
+the simulator replays the run's configuration without that worker
+(``backend.mode = "cost"``: the same schedule, no model math, seconds for a
+long run) until it has made the same training progress the real run made
+by its time to target (or by its end), and compares the two times.
+
+Progress is counted in shoal's own unit: every gradient is applied with
+weight 1/N (N = all workers), so N - 1 workers make the progress of
+``k`` iterations in ``k (N - 1) / N`` of theirs (the same number of rounds
+under BSP, the same total weight under ASP). It is an estimate: the
+reduced cluster's shards, straggler draws and batch noise differ, and a
+scheme that steps real local models (local SGD, DiLoCo, SIM) has no cost
+mode to replay with; for those, and for runs whose worker ids the config
+names (membership, speed changes, a host per worker), none is made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shoal.config import Config, build_config
+from shoal.config.files import apply_overrides
+from shoal.registry import SCHEMES
+
+
+def cannot_replay(cfg: Config) -> str | None:
+    """Why a run of ``cfg`` cannot be replayed without a worker in cost mode, or None."""
+    if cfg.backend.name != "sim":
+        return "only simulated runs are replayed"
+    if SCHEMES[cfg.sync.scheme].local_models or cfg.compression.similarity.enabled:
+        return f"{cfg.sync.scheme}{' with SIM' if cfg.compression.similarity.enabled else ''} steps real local " \
+               "models, which cost mode does not simulate"
+    if cfg.cluster.membership or cfg.cluster.speed_changes or cfg.network.worker_hosts:
+        return "the config names workers by id (membership, speed changes or worker hosts)"
+    if cfg.sync.balance != "none":
+        return "balanced work is sized from measured speeds"
+    if cfg.cluster.workers < 2:
+        return "a single worker has nobody to leave out"
+    return None
+
+
+def without_worker(cfg: Config, per_worker: list[dict[str, Any]], worker: int, iterations: int,
+                   real_s: float) -> dict[str, Any]:
+    """Replay ``cfg`` without ``worker`` until it made the progress of ``iterations`` real iterations, which the
+    real run made in ``real_s``; the record says how long that took and how much sooner it is."""
+    reason = cannot_replay(cfg)
+    if reason is not None:
+        return {"worker": worker, "skipped": reason}
+    from shoal.backends.sim import SimBackend
+    from shoal.engine.metrics import RunRecorder
+    from shoal.engine.setup import build_setup
+
+    n = len(per_worker)
+    speeds = [float(w["speed"]) for w in sorted(per_worker, key=lambda w: w["id"]) if w["id"] != worker]
+    needed = max(1, round(iterations * (n - 1) / n))
+    overrides = [f"cluster.workers={n - 1}", f"cluster.speeds={speeds}", "backend.mode=cost",
+                 f"run.max_iterations={needed}", "run.stop_at_target=false",
+                 f"run.max_time_s={max(cfg.run.max_time_s, real_s) * 100}", "backend.log_iterations=false",
+                 "backend.sim_checkpoint_every_s=0"]
+    reduced = build_config(apply_overrides(cfg.model_dump(mode="json"), overrides), "the replay without a worker")
+    backend = SimBackend(build_setup(reduced), RunRecorder(log_iterations=False))
+    backend.run()
+    replay_s = float(backend.env.now)
+    return {"worker": worker, "iterations": needed, "time_s": round(replay_s, 6), "real_time_s": round(real_s, 6),
+            "speedup": round(real_s / replay_s, 4) if replay_s > 0 else None}
+
+
+def sentence(estimate: dict[str, Any], unit: str = "virtual s") -> str:
+    """The verdict's second half: what leaving the worker out would have saved."""
+    if "skipped" in estimate:
+        return f"no estimate without it ({estimate['skipped']})"
+    speedup = estimate["speedup"]
+    how = "" if speedup is None else f", {speedup:.2g}x sooner" if speedup >= 1 else f", {1 / speedup:.2g}x later"
+    return (f"without it the same progress would take ~{estimate['time_s']:.3g} {unit} instead of "
+            f"{estimate['real_time_s']:.3g}{how} (a cost-only replay)")
