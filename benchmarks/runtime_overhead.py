@@ -6,8 +6,8 @@ on mnist5k (1.9 M parameters) and ResNet-18 on CIFAR-shaped synthetic data
 real speeds), each repetition measures in turn
 
 - PyTorch DistributedDataParallel (gloo over loopback, one process per rank),
-- shoal's BSP on the ray backend with ``sync.intra_group = "allreduce"``
-  (DDP inside the worker actors),
+- shoal's BSP on the ray backend as a user gets it by default (``sync.intra_group``
+  unset: "auto" takes all-reduce groups, DDP inside the worker actors),
 - shoal's BSP through the parameter server (``"server"``, the old path),
 - a bare gloo all-reduce of the gradient's bytes (the communication floor),
 
@@ -163,9 +163,12 @@ def _ray_run(overrides: list[str], path: Path | None = None) -> tuple[dict[str, 
 
 
 def run_shoal_bsp(workload: str, workers: int, intra_group: str, rounds: int) -> dict[str, Any]:
-    """BSP, emulation off: per-round time from the iteration records (after the warm-up rounds)."""
-    common = WORKLOADS[workload] + [
-        f"cluster.workers={workers}", "cluster.emulate=false", "sync.scheme=bsp", f"sync.intra_group={intra_group}",
+    """BSP, emulation off: per-round time from the iteration records (after the warm-up rounds).
+
+    ``intra_group = "auto"`` sets nothing: the path a user gets by default (on ray: all-reduce groups)."""
+    chosen = [] if intra_group == "auto" else [f"sync.intra_group={intra_group}"]
+    common = WORKLOADS[workload] + chosen + [
+        f"cluster.workers={workers}", "cluster.emulate=false", "sync.scheme=bsp",
         "backend.name=ray", f"backend.cpus_per_worker={1 / workers}", "backend.cpus_per_server=0.1",
         "backend.checkpoint_every_s=0", "run.target_accuracy=0.999", "run.eval_every_s=100000",
         "run.max_time_s=1200",
@@ -184,7 +187,7 @@ def run_shoal_bsp(workload: str, workers: int, intra_group: str, rounds: int) ->
     return {
         "iteration_s": per_round, "rounds": len(clocks) - 1, "compute_s": mean("compute_real_s"),
         "wait_s": mean("wait_s"), "comm_s": mean("comm_s"), "iterations": summary["iterations"],
-        "params": summary["params"],
+        "params": summary["params"], "data_path": summary.get("data_path"),
     }
 
 
@@ -198,7 +201,8 @@ def measure_overhead(reps: int, worker_counts: list[int], quick: bool, workloads
                 row: dict[str, Any] = {"workload": workload, "workers": workers, "rep": rep,
                                        "load": round(os.getloadavg()[0], 2)}
                 row["ddp"] = run_ddp(workload, workers, steps)
-                row["shoal_allreduce"] = run_shoal_bsp(workload, workers, "allreduce", steps)
+                row["shoal_allreduce"] = run_shoal_bsp(workload, workers, "auto", steps)  # the default path
+                assert row["shoal_allreduce"]["data_path"]["intra_group"] == "allreduce", row["shoal_allreduce"]
                 row["shoal_server"] = run_shoal_bsp(workload, workers, "server", steps)
                 row["bare_allreduce_s"] = run_bare_allreduce(row["shoal_allreduce"]["params"], workers)
                 print(json.dumps(row), flush=True)
@@ -263,11 +267,12 @@ def markdown(result: dict[str, Any]) -> str:
         f"Machine: {result['machine']['cpus']} cores; load average before the overhead part "
         f"{result['machine']['load_overhead']}, before the tiers part {result['machine']['load_tiers']}. "
         f"Commit `{result['git_commit'][:10]}`; command: `{result['command']}`.", "",
-        "## BSP per iteration: shoal on all-reduce, shoal through the server, PyTorch DDP (gloo, loopback)", "",
+        "## BSP per iteration: shoal's default path (all-reduce groups), shoal through the server, PyTorch DDP "
+        "(gloo, loopback)", "",
         f"Batch 32, one torch thread per rank, emulation off; medians over {result['overhead']['reps']} repetitions, "
         "each running the four measurements in turn (ms; exposed communication = per-iteration time minus "
         "compute alone; bare all-reduce = one gloo all-reduce of the gradient's bytes).", "",
-        "| workload | workers | DDP | shoal all-reduce | shoal server | all-reduce / DDP (per rep) | server / DDP "
+        "| workload | workers | DDP | shoal default (all-reduce) | shoal server | default / DDP (per rep) | server / DDP "
         "| compute (DDP / shoal) | exposed comm (DDP / shoal) | bare all-reduce | shoal exposed / bare |",
         "|---|---:|---:|---:|---:|---|---:|---|---|---:|---:|",
     ]
@@ -291,7 +296,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 NOTES = """## Where the time goes
 
-- shoal all-reduce (`sync.intra_group = "allreduce"`): each worker actor
+- shoal's default path (`sync.intra_group` unset: "auto" takes all-reduce
+  groups for BSP on ray, `"allreduce"`): each worker actor
   wraps its module in DDP inside one torch.distributed group, so the round
   is DDP's plus the actor's own bookkeeping: a one-value all-reduce every
   ~50 ms of compute (the agreed stop flag, overlapped with the forward
@@ -323,11 +329,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps, one repetition, 2 workers, shorter tier runs")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--workers", default="2,4", help="comma-separated worker counts of the overhead part")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of " + ", ".join(WORKLOADS))
     parser.add_argument("--only", choices=["overhead", "tiers"], help="run one part; the other comes from the last results")
     args = parser.parse_args()
     previous = json.loads((RESULTS / "runtime_overhead.json").read_text()) if args.only else {}
-    reps, counts = (1, [2]) if args.quick else (args.reps, [2, 4])
+    reps, counts = (1, [2]) if args.quick else (args.reps, [int(n) for n in args.workers.split(",")])
     budget = 60.0 if args.quick else 180.0
     load = os.getloadavg()[0]
 
@@ -357,6 +364,7 @@ def main() -> None:
         **provenance(),
         "command": ".venv/bin/python benchmarks/runtime_overhead.py" + (" --quick" if args.quick else "")
                    + (f" --only {args.only}" if args.only else "") + (f" --reps {args.reps}" if args.reps != 3 else "")
+                   + (f" --workers {args.workers}" if args.workers != "2,4" else "")
                    + (f" --workloads {args.workloads}" if args.workloads != ",".join(WORKLOADS) else ""),
         "machine": {
             "cpus": os.cpu_count(),

@@ -102,6 +102,23 @@ def test_allreduce_groups_refuse_what_they_do_not_run(overrides, fragment):
         load_config(None, overrides)
 
 
+@pytest.mark.parametrize("overrides, path, reason", [
+    ([], "server", "the simulator models the server path"),
+    (["backend.name=ray"], "allreduce", "bsp on ray with dense gradients"),
+    (["backend.name=ray", "compression.method=topk"], "server", "compresses at the server"),
+    (["backend.name=ray", "compression.similarity.enabled=true"], "server", "SIM decides at the server"),
+    (["backend.name=ray", "backend.max_restarts=1"], "server", "rejoins from its server"),
+    (["backend.name=ray", "sync.scheme=gssp"], "server", "gssp is not one synchronous round"),
+    (["backend.name=ray", "sync.scheme=asp"], "server", "asp is not one synchronous round"),
+    (["backend.name=ray", "sync.intra_group=server"], "server", "set in the config (auto would take allreduce"),
+    (["sync.intra_group=allreduce"], "allreduce", "set in the config (auto would take server"),
+])
+def test_the_automatic_data_path_is_the_fastest_correct_one_and_says_why(overrides, path, reason):
+    cfg = load_config(None, overrides)
+    assert cfg.sync.intra_group == path and reason in cfg.data_path()["why"]
+    assert f'intra_group = "{path}"' in to_toml(cfg)  # a run's config.toml records the path that ran
+
+
 def test_scheme_options_live_in_their_own_sections_and_the_section_defaults_are_gssps():
     from shoal.config import GSSPOptions
     from shoal.sync.gssp import GSSP

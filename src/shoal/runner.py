@@ -240,6 +240,7 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
             if scalars is not None:
                 scalars.close()
     summary.update(recorder.metric_fields(cfg.target()))
+    summary["data_path"] = cfg.data_path()
     if setup.streams:
         summary["data_partition"] = setup.partition_summary()
     if setup.compute_s_measured is not None:

@@ -54,6 +54,21 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _resolve_data_path(self) -> "Config":
+        """`sync.intra_group = "auto"` becomes the path that runs: all-reduce groups for bsp on ray when nothing
+        needs a server, else the server path; the reason is kept for summary.json's data_path"""
+        if self.sync.intra_group == "auto":
+            self.sync.intra_group = resolve_intra_group(self)[0]
+        return self
+
+    def data_path(self) -> dict[str, str]:
+        """summary.json's data_path: how groups combined their gradients, and why (the automatic rule's reason,
+        or that the config chose otherwise)."""
+        path, reason = resolve_intra_group(self)
+        why = reason if path == self.sync.intra_group else f"set in the config (auto would take {path}: {reason})"
+        return {"intra_group": self.sync.intra_group, "why": why}
+
+    @model_validator(mode="after")
     def _similarity_needs_gradients(self) -> "Config":
         """Rules across sections:
 
@@ -143,3 +158,32 @@ class Config(Section):
             raise ValueError("sync.balance: sizes are planned over a fixed set of workers on the server path or "
                              "all-reduce groups; not with cluster.membership, network.aggregation = \"ina\" or "
                              "backend.sim_checkpoint_every_s")
+
+
+def resolve_intra_group(cfg: Config) -> tuple[str, str]:
+    """The path ``sync.intra_group = "auto"`` takes, and why: the fastest correct one.
+
+    On ray, BSP's round runs as DDP all-reduce groups (measured at DDP's own
+    speed, benchmarks/results/runtime_overhead.md) unless a feature needs a
+    server. GSSP keeps its group servers: its groups run SSP, which an
+    all-reduce cannot. The simulator models the server path unless told
+    otherwise, so its results stay comparable with every earlier run.
+    """
+    scheme = SCHEMES[cfg.sync.scheme]
+    if cfg.backend.name != "ray":
+        return "server", "the simulator models the server path unless sync.intra_group = \"allreduce\""
+    if not scheme.allreduce or scheme.coordinator is not None:
+        return "server", f"{cfg.sync.scheme} is not one synchronous round (all-reduce groups are for bsp)"
+    needs = [(cfg.compression.method != "none", f"compression.method = {cfg.compression.method!r} compresses at "
+                                                "the server"),
+             (cfg.compression.similarity.enabled, "SIM decides at the server"),
+             (cfg.network.aggregation == "ina", "in-network aggregation sums on the way to the server"),
+             (bool(cfg.cluster.membership), "workers join and leave through the server"),
+             (cfg.sync.balance != "none", "the server sizes balanced batches"),
+             (cfg.backend.max_restarts > 0, "a restarted worker rejoins from its server")]
+    reason = next((why for needed, why in needs if needed), None)
+    if reason is not None:
+        return "server", reason
+    return "allreduce", ("bsp on ray with dense gradients: DDP all-reduce groups (on this path a failed worker ends "
+                         "the run and no server checkpoints are written; backend.max_restarts > 0 or "
+                         "intra_group = \"server\" keep training through failures)")
