@@ -158,6 +158,7 @@ def _ray_run(overrides: list[str], path: Path | None = None) -> tuple[dict[str, 
     stream = io.StringIO()
     cfg = load_config(path, overrides)
     summary = RayBackend(build_setup(cfg), RunRecorder(stream=stream)).run()
+    summary["data_path"] = cfg.data_path()  # as shoal train records it
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     return summary, events
 
