@@ -8,8 +8,8 @@ each scheme sends and what that costs in time:
 
 - BSP, local SGD (fixed H), post-local SGD (a warm-up of BSP steps, then H),
   AdaComm (periods that shrink with the loss), DiLoCo, Streaming DiLoCo
-  (4 fragments, overlap 1) with float32 and with fp4 outer gradients, and
-  SIM on BSP.
+  (4 fragments, overlap 1) with float32 and with fp4 outer gradients and
+  with the least similar fragment first, and SIM on BSP.
 
 The answers, on the evaluation seeds:
 
@@ -19,6 +19,8 @@ The answers, on the evaluation seeds:
 - fp4 against float32 outer gradients: the fp4 run's validation metric at the
   time the float32 run reached the target, relative to the target;
 - post-local and AdaComm against fixed-H local SGD: time and bytes to target;
+- SIM's signal put to use: Streaming DiLoCo syncing the fragment the workers
+  agreed on least first, against the staggered order;
 - SIM against the best of local SGD, DiLoCo and Streaming DiLoCo, with the
   bytes each moved (the report's bytes-against-time plot shows the front).
 
@@ -47,7 +49,8 @@ STREAMING = "streaming_diloco"
 FP4 = "streaming_diloco@sync.streaming_diloco.outer_quantization=fp4"
 POST_LOCAL = "localsgd@sync.localsgd.warmup_steps=64"
 ADACOMM = "localsgd@sync.localsgd.adaptive=true"
-SCHEMES = f"bsp,localsgd,{POST_LOCAL},{ADACOMM},diloco,{STREAMING},{FP4},bsp+sim"
+ORDERED = "streaming_diloco@sync.streaming_diloco.fragment_order=least_similar"
+SCHEMES = f"bsp,localsgd,{POST_LOCAL},{ADACOMM},diloco,{STREAMING},{FP4},{ORDERED},bsp+sim"
 LOW_COMM = ("localsgd", "diloco", STREAMING, FP4)
 
 STUDIES: dict[str, dict[str, Any]] = {
@@ -91,6 +94,7 @@ def run_study(name: str, seeds: int, tune_seeds: int, jobs: int, resume: bool) -
                                    "bytes": bytes_ratio(rows[POST_LOCAL], rows["localsgd"])},
         "adacomm_vs_localsgd": {**pairwise(result, ADACOMM, "localsgd"),
                                 "bytes": bytes_ratio(rows[ADACOMM], rows["localsgd"])},
+        "least_similar_vs_staggered": pairwise(result, ORDERED, STREAMING),
         "sim_vs_best_low_comm": {**pairwise(result, "bsp+sim", best_low),
                                  "bytes": bytes_ratio(rows["bsp+sim"], rows[best_low])},
     }
@@ -140,6 +144,8 @@ def report(name: str, study: dict[str, Any], result: dict[str, Any], answers: di
     for key, title in (("streaming_vs_diloco", "Streaming DiLoCo against tuned DiLoCo"),
                        ("post_local_vs_localsgd", "Post-local SGD against fixed-H local SGD"),
                        ("adacomm_vs_localsgd", "AdaComm against fixed-H local SGD"),
+                       ("least_similar_vs_staggered", "Streaming DiLoCo, least similar fragment first, against "
+                                                      "the staggered order"),
                        ("sim_vs_best_low_comm", "SIM against the best low-communication scheme")):
         a = answers[key]
         sp, p = a["speedup"]["value"], a["p_value"]

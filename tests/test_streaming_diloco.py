@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ from shoal.config import ConfigError, load_config
 from shoal.engine.metrics import RunRecorder
 from shoal.engine.replica import Replica
 from shoal.engine.setup import build_setup
-from shoal.sync.streaming import FragmentSchedule, StreamingDiLoCo, assign_fragments
+from shoal.sync.streaming import FragmentSchedule, StreamingDiLoCo, assign_fragments, mean_cosine
 
 from conftest import FAST, ROOT
 
@@ -71,6 +72,36 @@ def test_turns_are_staggered_and_one_fragment_is_diloco():
     assert FragmentSchedule(range(4), 8, 4).offsets == (2, 4, 6, 0)
     one = FragmentSchedule([0, 0], 8, 1)
     assert [c for c in range(24) if any(one.plan(c))] == [7, 15, 23]
+
+
+def test_least_similar_first_orders_each_period_by_the_last_measured_agreement():
+    """H = 8, four fragments of one 2-value tensor each, two workers whose changes are 0, 180, 60 and 120
+    degrees apart: each change's cosine with their mean is 1, 0, 0.87 and 0.5, so after the staggered
+    period 0, period 1 takes fragments 1, 3, 2, 0; every period covers each fragment once."""
+    schedule = FragmentSchedule(range(4), 8, 4, order="least_similar")
+    slices = [slice(2 * i, 2 * i + 2) for i in range(4)]
+    apart = {0: 0.0, 1: math.pi, 2: math.pi / 3, 3: 2 * math.pi / 3}
+    for clock in range(8):
+        fragment = schedule.fragment_at(clock)
+        if fragment is not None:
+            changes = [torch.zeros(8), torch.zeros(8)]
+            changes[0][slices[fragment]] = torch.tensor([1.0, 0.0])
+            changes[1][slices[fragment]] = torch.tensor([math.cos(apart[fragment]), math.sin(apart[fragment])])
+            schedule.on_round(clock, changes, slices)
+    assert [round(v, 3) for v in schedule.similarity] == [1.0, 0.0, 0.866, 0.5]
+    assert schedule.orders == [(0, 1, 2, 3), (1, 3, 2, 0)]
+    assert [schedule.fragment_at(c) for c in range(8, 16)] == [None, 1, None, 3, None, 2, None, 0]
+    assert mean_cosine([torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0])]) == pytest.approx(1.0)
+
+
+def test_least_similar_first_trains_and_keeps_covering_every_fragment():
+    backend = run_sim("sync.scheme=streaming_diloco", "sync.streaming_diloco.local_steps=8",
+                      "sync.streaming_diloco.fragments=4", "sync.streaming_diloco.fragment_order=least_similar",
+                      "model.hidden=[32,32,32]", "run.max_iterations=200")
+    schedule = backend.servers[0].schedule
+    assert len(schedule.orders) >= 5 and all(sorted(order) == [0, 1, 2, 3] for order in schedule.orders)
+    assert any(order != (0, 1, 2, 3) for order in schedule.orders[1:])  # the measured agreement reorders them
+    assert backend.recorder.evals[-1]["accuracy"] > 0.5
 
 
 def test_a_worker_waits_only_for_the_fragment_it_is_about_to_take():

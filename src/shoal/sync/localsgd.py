@@ -19,7 +19,9 @@ exactly BSP.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+import torch
 
 from shoal.sync.base import SchemeSpec, SyncPolicy, register_scheme
 from shoal.sync.periods import Periods
@@ -138,6 +140,9 @@ class PeriodicSchedule:
 
     def plan(self, clock: int) -> tuple[bool, ...]:
         return (clock < 0 or self.periods.is_sync(clock),) * self.num_tensors
+
+    def on_round(self, clock: int, changes: Sequence[torch.Tensor], slices: Sequence[slice]) -> None:
+        """The averaging of ``clock`` closed with these workers' changes (a plan that adapts to them may look)."""
 
     def fresh(self, clock: int) -> tuple[bool, ...]:
         """The tensors a worker takes from the server before step ``clock``: those aggregated at the previous clock."""

@@ -22,8 +22,11 @@ takes a per-tensor outer Nesterov step (``Replica.add_delta`` with a mask).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
+
+import torch
 
 from shoal.config import fragment_offsets, max_overlap
 from shoal.sync.base import SchemeSpec, register_scheme
@@ -85,7 +88,8 @@ class FragmentSchedule(PeriodicSchedule):
     earlier (the whole model before the first step).
     """
 
-    def __init__(self, fragment_of: Sequence[int], local_steps: int, fragments: int, overlap: int = 0) -> None:
+    def __init__(self, fragment_of: Sequence[int], local_steps: int, fragments: int, overlap: int = 0,
+                 order: str = "staggered") -> None:
         self.fragment_of = tuple(fragment_of)
         super().__init__(len(self.fragment_of), local_steps)
         self.fragments = fragments
@@ -94,11 +98,37 @@ class FragmentSchedule(PeriodicSchedule):
         if not 0 <= overlap <= max_overlap(local_steps, fragments):
             raise ValueError(f"overlap_steps must be in [0, {max_overlap(local_steps, fragments)}] with {fragments} "
                              f"fragments over {local_steps} local steps")
+        if order not in ("staggered", "least_similar"):
+            raise ValueError(f"fragment order must be staggered or least_similar, not {order!r}")
+        self.order = order
+        self.orders: list[tuple[int, ...]] = [tuple(range(fragments))]  # each period's fragment per turn
+        self.similarity: list[float | None] = [None] * fragments  # each fragment's last measured agreement
 
     def fragment_at(self, clock: int) -> int | None:
         """The fragment the push ending local step ``clock`` carries, or None (a plain local step)."""
         turn = (clock + 1) % self.local_steps
-        return self.offsets.index(turn) if clock >= 0 and turn in self.offsets else None
+        if clock < 0 or turn not in self.offsets:
+            return None
+        period = clock // self.local_steps
+        if self.order == "staggered":
+            return self.offsets.index(turn)
+        assert period < len(self.orders), "a period's order is decided when the previous period's last round closes"
+        return self.orders[period][self.offsets.index(turn)]
+
+    def on_round(self, clock: int, changes: Sequence[torch.Tensor], slices: Sequence[slice]) -> None:
+        """The round of ``clock`` closed with these workers' changes: measure how much they agree on the fragment
+        (the mean cosine of each change with their mean); after a period's last turn, order the next period's
+        fragments least similar first (``order = "least_similar"``: where workers disagree most, the model
+        gains most from averaging soonest)."""
+        if self.order != "least_similar" or (fragment := self.fragment_at(clock)) is None:
+            return
+        owned = [sl for sl, f in zip(slices, self.fragment_of) if f == fragment]
+        flat = [torch.cat([c[sl] for sl in owned]) for c in changes]
+        self.similarity[fragment] = mean_cosine(flat)
+        if self.offsets.index((clock + 1) % self.local_steps) == self.fragments - 1:  # the period's last turn
+            ranked = sorted(range(self.fragments), key=lambda f: (math.inf if self.similarity[f] is None
+                                                                   else self.similarity[f], f))
+            self.orders.append(tuple(ranked))
 
     def plan(self, clock: int) -> tuple[bool, ...]:
         if clock < 0:
@@ -115,7 +145,15 @@ class FragmentSchedule(PeriodicSchedule):
         return self.plan(sent) if sent >= 0 else (False,) * self.num_tensors
 
     def restarted(self, keep_bytes: bool = True) -> "FragmentSchedule":
-        return FragmentSchedule(self.fragment_of, self.local_steps, self.fragments, self.overlap)
+        return FragmentSchedule(self.fragment_of, self.local_steps, self.fragments, self.overlap, self.order)
+
+
+def mean_cosine(changes: Sequence[torch.Tensor]) -> float:
+    """The mean cosine between each change and the mean change (1: all agree; 0 for a single zero change)."""
+    mean = torch.stack(list(changes)).mean(0)
+    norm = float(mean.norm())
+    cosines = [float(c @ mean) / (float(c.norm()) * norm) if norm and float(c.norm()) else 0.0 for c in changes]
+    return sum(cosines) / len(cosines)
 
 
 class StreamingDiLoCo(LocalSGD):
@@ -152,7 +190,7 @@ def streaming_schedule(sync, layout) -> FragmentSchedule:  # noqa: ANN001 (confi
     opts = sync.streaming_diloco
     fragment_of = assign_fragments([s.name for s in layout], [s.numel for s in layout], opts.fragments,
                                    opts.fragment_pattern)
-    return FragmentSchedule(fragment_of, opts.local_steps, opts.fragments, opts.overlap_steps)
+    return FragmentSchedule(fragment_of, opts.local_steps, opts.fragments, opts.overlap_steps, opts.fragment_order)
 
 
 def _policy(workers: Sequence[int], sync) -> StreamingDiLoCo:  # noqa: ANN001

@@ -354,6 +354,7 @@ class GroupServer:
         by_masks: dict[tuple, list[tuple[torch.Tensor, dict[str, Any]]]] = {}
         for grad, _, sim in pushes:  # a round shares its masks; they differ only right after a GSSP move
             by_masks.setdefault((sim["grad_mask"], sim["delta_mask"]), []).append((grad, sim["delta"]))
+        clock = pushes[0][2]["clock"]
         for (grad_mask, delta_mask), same in by_masks.items():
             if any(grad_mask):
                 frozen = [sl for sl, g in zip(self.slices, grad_mask) if not g]
@@ -362,6 +363,8 @@ class GroupServer:
                 made = self.replica.add_delta([d for _, d in same], self.weight, masked_slices(self.slices, delta_mask))
                 if self.broadcast is not None:  # the workers receive the change quantised: hold what they hold
                     self.replica.correct(made, self.broadcast.encode(made, 1.0, delta_mask)[0])
+                if self.schedule.periodic:
+                    self.schedule.on_round(clock, [d for _, d in same], self.slices)
         if self.schedule.periodic:
             return
         for grad, _, sim in pushes:

@@ -200,6 +200,8 @@ class SimServer:
                                               self.weight, masked_slices(self.slices, delta_mask))
                 if self.broadcast is not None:  # the workers receive the change quantised: hold what they hold
                     self.replica.correct(made, self.broadcast.encode(made, 1.0, delta_mask)[0])
+                if self.schedule.periodic:
+                    self.schedule.on_round(same[0].clock, [p.delta for p in same], self.slices)
         if self.schedule.periodic:
             return
         for push in pushes:
