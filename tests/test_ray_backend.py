@@ -262,13 +262,16 @@ def test_local_sgd_and_diloco_train_on_ray_and_send_only_at_syncs(ray_session, s
 
 
 def test_streaming_diloco_trains_on_ray_one_quantised_fragment_at_a_time(ray_session):
-    """Two fragments, fp4 outer gradients, no overlap: each worker's largest upload is a fragment in 4 bits."""
+    """Two fragments, fp4 outer gradients both ways, no overlap, the least similar fragment first: each worker's
+    largest upload is a fragment in 4 bits, and so is every download after the first."""
     backend, summary = run_backend(ray_config(
         "sync.scheme=streaming_diloco", "sync.streaming_diloco.local_steps=4", "sync.streaming_diloco.fragments=2",
         "sync.streaming_diloco.overlap_steps=0", "sync.streaming_diloco.outer_quantization=fp4", "run.max_time_s=3",
-        "run.target_accuracy=0.99"))
+        "sync.streaming_diloco.fragment_order=least_similar", "run.target_accuracy=0.99"))
     assert summary["scheme"] == "streaming_diloco" and summary["final_accuracy"] > 0.6
     assert 0 < summary["peak_push_bytes"] < 0.2 * 4 * summary["params"]
+    first_pulls = 4 * 4 * summary["params"]
+    assert summary["bytes_down"] - first_pulls < 0.2 * 4 * summary["params"] * summary["iterations"] / 2
 
 
 def test_balanced_batches_on_ray_follow_each_workers_emulated_speed(ray_session, tmp_path):
