@@ -274,6 +274,18 @@ def test_streaming_diloco_trains_on_ray_one_quantised_fragment_at_a_time(ray_ses
     assert summary["bytes_down"] - first_pulls < 0.2 * 4 * summary["params"] * summary["iterations"] / 2
 
 
+def test_asynchronous_diloco_on_ray_lets_the_fast_worker_run_ahead(ray_session):
+    """Speeds 1, 1, 4, 4 (emulated): no barrier, so the fast workers take about three times the inner steps
+    (measured 256 and 86 on a quiet machine; synchronous DiLoCo: 88 each, the fast ones waiting 2.5 s) and the
+    run still learns."""
+    backend, summary = run_backend(ray_config(
+        "sync.scheme=diloco", "sync.diloco.local_steps=4", "sync.diloco.asynchronous=true",
+        "cluster.speeds=[1,1,4,4]", "cluster.compute_s=0.01", "run.max_time_s=4", "run.target_accuracy=0.99"))
+    iterations = [w["iterations"] for w in summary["per_worker"]]
+    assert min(iterations[:2]) >= 2 * max(iterations[2:]), iterations
+    assert summary["final_accuracy"] > 0.4
+
+
 def test_balanced_batches_on_ray_follow_each_workers_emulated_speed(ray_session, tmp_path):
     """sync.balance = "batch": the server sizes each actor's batch to its speed; the actor computes exactly that
     many samples, its records show it, and the run reaches its target."""
@@ -292,7 +304,6 @@ def test_balanced_batches_on_ray_follow_each_workers_emulated_speed(ray_session,
     (["sync.balance=deadline"], "sync.balance: 'deadline' runs on sim only"),
     (["sync.scheme=localsgd", "sync.balance=steps"], "sync.balance: 'steps' runs on sim only"),
     (["sync.scheme=streaming_diloco", "sync.streaming_diloco.overlap_steps=1"], "overlap_steps: an outer all-reduce"),
-    (["sync.scheme=diloco", "sync.diloco.asynchronous=true"], "asynchronous: outer steps at the end"),
 ])
 def test_balance_modes_ray_does_not_run_are_refused_in_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -42,6 +42,10 @@ from shoal.sync.balance import WorkBalancer
 from shoal.sync.policies import PacedSSP
 
 
+#: asynchronous outer steps on ray: pushes arriving within this many seconds of each other make one outer step
+FLUSH_WINDOW_S = 0.005
+
+
 class GroupServer:
     """One (group) server: replica, sync policy, buffered pushes, gate futures, delta exchange."""
 
@@ -80,6 +84,8 @@ class GroupServer:
         self.exchange_density = 1.0
         self.unsent_updates = 0  # own updates not yet sent: a delta counts them into the receivers' versions
         self._sending: set[asyncio.Task[None]] = set()
+        self._flushing: asyncio.Task[None] | None = None  # a flushing policy's pending end of the moment
+        self._base_version: dict[int, int] = {}  # the version each worker's local model last synchronised at
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -245,6 +251,8 @@ class GroupServer:
         changed = clock > 0 and worker not in self.force_pull  # the fresh tensors moved by a sync since the last pull
         fresh = (True,) * len(plan) if worker in self.force_pull else self.schedule.fresh(clock)
         self.force_pull.discard(worker)
+        if any(fresh):  # what a change sent later is measured from (its staleness counts the updates since)
+            self._base_version[worker] = self.version
         self.schedule.record_saved(fresh)  # download
         self.schedule.record_saved(plan)  # upload
         values = pack(self.replica.params.detach(), fresh, self.slices)
@@ -277,10 +285,17 @@ class GroupServer:
             sim = {**sim, "delta": delta}
         else:
             grad_t, sim = None if grad is None else as_tensor(grad), None
+        if self.policy.flushes:  # a late change counts for less (asynchronous outer steps)
+            discount = self.policy.discount(self.version - self._base_version.get(worker, 0))
+            if discount != 1.0 and sim is not None:
+                grad_t = None if grad_t is None else grad_t * discount
+                sim = {**sim, "delta": sim["delta"] * discount}
         self._pending[worker] = (grad_t, as_tensor(buffer_delta), sim)
         batch = self.policy.on_push(worker)
         if batch:
             self._apply(batch)
+        if self.policy.flushes and self._flushing is None:
+            self._flushing = asyncio.get_running_loop().create_task(self._flush())
         if self.balancer is not None and work is not None:
             self._balance(worker, bool(batch), *work)
         self._finish_measurements()
@@ -292,6 +307,18 @@ class GroupServer:
         if then_pull:
             reply["next"] = await self.pull(worker)
         return reply
+
+    async def _flush(self) -> None:
+        """The end of the moment for a flushing policy: the pushes that arrived within FLUSH_WINDOW_S of the
+        first form one update (processes never arrive at the same instant, as simulated workers do)."""
+        await asyncio.sleep(FLUSH_WINDOW_S)
+        self._flushing = None
+        if self.policy is None or self.stopping:
+            return
+        batch = self.policy.flush()
+        if batch:
+            self._apply(batch)
+            self._wake()
 
     def _balance(self, worker: int, applied: bool, compute_s: float, batch: int) -> None:
         """Profile the worker's seconds per sample; at the end of a round, resize the members if that pays."""

@@ -100,9 +100,6 @@ def validate(cfg: Config) -> None:
     if cfg.sync.balance in ("steps", "deadline"):
         raise ConfigError(f"sync.balance: {cfg.sync.balance!r} runs on sim only so far; use \"batch\" on ray")
     scheme = SCHEMES[cfg.sync.scheme]
-    if scheme.policy is not None and scheme.policy(range(cfg.cluster.workers), cfg.sync).flushes:
-        raise ConfigError(f"sync.{cfg.sync.scheme}.asynchronous: outer steps at the end of each moment run on sim "
-                          "only so far; use asynchronous = false on ray")
     options = getattr(cfg.sync, cfg.sync.scheme, None)
     if getattr(options, "adaptive", False):
         raise ConfigError(f"sync.{cfg.sync.scheme}.adaptive: adaptive periods run on sim only so far; use "
