@@ -262,7 +262,7 @@ class GroupServer:
         if self.broadcast is not None and changed and any(fresh):  # the change travels quantised
             nbytes = self.broadcast.nominal_bytes(1.0, fresh) + 4 * buffer_values
         return {"params": values, "fresh": fresh, "plan": plan, "clock": clock, "periodic": periodic,
-                "nbytes": nbytes}
+                "nbytes": nbytes, "changed": changed}
 
     async def push(self, worker: int, pulled_version: int | None, grad: np.ndarray | None,
                    buffer_delta: np.ndarray, sim: dict[str, Any] | None = None, then_pull: bool = False,

@@ -24,7 +24,6 @@ from ray._private import ray_constants
 from shoal.backends import checkpoint
 from shoal.config import BackendConfig, Config
 from shoal.errors import ConfigError
-from shoal.registry import SCHEMES
 
 #: keeps an embedded Ray on loopback, without usage reporting or token files
 LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
@@ -99,15 +98,10 @@ def validate(cfg: Config) -> None:
                               f"({torch.__version__}) sees no CUDA device; use 0, or a CUDA build on a GPU machine")
     if cfg.sync.balance in ("steps", "deadline"):
         raise ConfigError(f"sync.balance: {cfg.sync.balance!r} runs on sim only so far; use \"batch\" on ray")
-    scheme = SCHEMES[cfg.sync.scheme]
     options = getattr(cfg.sync, cfg.sync.scheme, None)
     if getattr(options, "adaptive", False):
         raise ConfigError(f"sync.{cfg.sync.scheme}.adaptive: adaptive periods run on sim only so far; use "
                           "adaptive = false on ray")
-    overlap = scheme.overlap
-    if overlap is not None and overlap(cfg.sync)[0] > 0:
-        raise ConfigError(f"sync.{cfg.sync.scheme}.overlap_steps: an outer all-reduce overlapped with inner steps "
-                          "runs on sim only so far; use overlap_steps = 0 on ray")
     if cfg.sync.balance != "none" and cfg.sync.intra_group == "allreduce":
         raise ConfigError("sync.balance: on ray, batch sizes are planned by the (group) server; all-reduce groups "
                           "run balanced on sim only so far: use sync.intra_group = \"server\"")

@@ -85,6 +85,9 @@ class Worker:
             params, buffers = self.engine.initial_state()
             self.local = LocalModel(params.cpu(), buffers.cpu(), cfg.optimizer, self.engine.layout)
             self.delta_codec = self.strategy.delta_codec(worker)
+        # Streaming DiLoCo's overlap: a sync's transfer time runs beside the next inner steps
+        self.overlap, self.mixing = self.strategy.overlap
+        self._uploads: dict[int, asyncio.Task[float]] = {}  # clock sent -> its emulated upload (ends: its time)
         self.stragglers = StragglerModel(cfg.cluster.stragglers, cfg.cluster.total_workers, cfg.run.seed)
         c = cfg.cluster
         self.link = Link(c.latency_ms / 1e3, c.link_gbps * 1e9, c.emulate)
@@ -231,9 +234,17 @@ class Worker:
         route, reply, moved_s, elapsed = answered
         real = elapsed - reply["wait_s"]
         pad = self.link.seconds(reply.get("nbytes", self.download_bytes)) - real
+        upload = self._uploads.pop(reply.get("clock", 0) - 1 - self.overlap, None) if reply.get("changed") else None
+        if upload is not None:  # overlapped: the download followed the upload beside the last steps
+            pad -= time.perf_counter() - await upload
         if pad > 0:
             await asyncio.sleep(pad)
         return route, reply, moved_s + reply["wait_s"], max(real, 0.0) + max(pad, 0.0)
+
+    async def _upload(self, seconds: float) -> float:
+        """An overlapped sync's emulated upload, beside the next steps; returns when it ended."""
+        await asyncio.sleep(seconds)
+        return time.perf_counter()
 
     async def _routed(self, call: Callable[[Route], Any]) -> tuple[Route, dict[str, Any], float, float] | None:
         """``call`` the current route's server, following MOVED answers (wait for the new route, retry).
@@ -287,7 +298,8 @@ class Worker:
         local = self.local
         assert local is not None
         fresh, plan = tuple(reply["fresh"]), tuple(reply["plan"])
-        local.pull(unpack(reply["params"], fresh, self.slices, local.params.numel()), fresh)
+        mixing = self.mixing if reply.get("changed") else 0.0  # an overlapped result keeps part of the local steps
+        local.pull(unpack(reply["params"], fresh, self.slices, local.params.numel()), fresh, mixing)
         buffers = as_tensor(reply["buffers"]).to(self.device)
         x, y = self.stream.next(reply.get("batch"))
         grad, buffer_delta, loss = self.engine.gradient(local.params.to(self.device), buffers, x.to(self.device),
@@ -330,6 +342,9 @@ class Worker:
         """
         pad = self.push_link.seconds(nbytes) - self._push_estimate
         comm = max(pad, 0.0)
+        if self.overlap and sim is not None and any(sim["delta_mask"]):  # sent now, its time spent beside the steps
+            self._uploads[sim["clock"]] = asyncio.get_running_loop().create_task(self._upload(max(pad, 0.0)))
+            comm = pad = 0.0
         if pad > 0:
             await asyncio.sleep(pad)
         if self.ina is not None:  # the gradient goes through the data plane; the push below only counts it
