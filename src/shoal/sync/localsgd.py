@@ -20,12 +20,14 @@ exactly BSP.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from shoal.sync.base import SchemeSpec, SyncPolicy, register_scheme
 from shoal.sync.periods import Periods
 from shoal.sync.policies import BSP
+
+if TYPE_CHECKING:
+    import torch
 
 
 class LocalSGD(BSP):

@@ -25,12 +25,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from shoal.config import fragment_offsets, max_overlap
 from shoal.sync.base import SchemeSpec, register_scheme
 from shoal.sync.localsgd import LocalSGD, PeriodicSchedule
+
+if TYPE_CHECKING:  # naming the schemes must not import torch (shoal route needs none)
+    import torch
 
 
 def assign_fragments(names: Sequence[str], numels: Sequence[int], fragments: int,
@@ -122,6 +124,8 @@ class FragmentSchedule(PeriodicSchedule):
         gains most from averaging soonest)."""
         if self.order != "least_similar" or (fragment := self.fragment_at(clock)) is None:
             return
+        import torch
+
         owned = [sl for sl, f in zip(slices, self.fragment_of) if f == fragment]
         flat = [torch.cat([c[sl] for sl in owned]) for c in changes]
         self.similarity[fragment] = mean_cosine(flat)
@@ -150,6 +154,8 @@ class FragmentSchedule(PeriodicSchedule):
 
 def mean_cosine(changes: Sequence[torch.Tensor]) -> float:
     """The mean cosine between each change and the mean change (1: all agree; 0 for a single zero change)."""
+    import torch
+
     mean = torch.stack(list(changes)).mean(0)
     norm = float(mean.norm())
     cosines = [float(c @ mean) / (float(c.norm()) * norm) if norm and float(c.norm()) else 0.0 for c in changes]
