@@ -31,8 +31,8 @@ import argparse
 import sys
 from typing import Any
 
-from evidence import LM, LOGNORMAL_16, SCHEMES, TIERS_16, markdown as evidence_markdown, strip
-from tuned import ROOT, provenance, write_results
+from evidence import LM, LOGNORMAL_16, SCHEMES, TIERS_16, compare_study, markdown as evidence_markdown, strip, study_args
+from tuned import provenance, write_results
 
 BALANCED = "bsp+balance,bsp+balance-deadline,gssp+balance,diloco+balance-steps"
 #: the heterogeneity remedies, one of which is "shoal's best" per study (the fastest median among them)
@@ -55,28 +55,14 @@ STUDIES: dict[str, dict[str, Any]] = {
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("study", nargs="?", choices=sorted(STUDIES))
-    parser.add_argument("--list", action="store_true", help="list the studies")
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds (>= 10 for a claim)")
-    parser.add_argument("--tune-seeds", type=int, default=2, help="development seeds")
-    parser.add_argument("--resume", action="store_true", help="keep the finished runs (the evidence study's too)")
-    args = parser.parse_args(argv)
-    if args.list or not args.study:
-        for name, study in STUDIES.items():
-            print(f"{name}: {study['title']}; runs in runs/evidence/{study['folder']}")
-        return
-    run_study(args.study, args.seeds, args.tune_seeds, args.jobs, args.resume)
+    args = study_args(__doc__, STUDIES, argv)
+    if args is not None:
+        run_study(args)
 
 
-def run_study(name: str, seeds: int, tune_seeds: int, jobs: int, resume: bool) -> dict[str, Any]:
-    from shoal.comparison import run_comparison
-
-    study = STUDIES[name]
-    out = ROOT / "runs" / "evidence" / study["folder"]
-    result, _ = run_comparison(ROOT / study["config"], study["schemes"], seeds, list(study["sets"]), out,
-                               overwrite=False, quiet=False, tune=[], tune_seeds=tune_seeds, jobs=jobs, resume=resume)
+def run_study(args: argparse.Namespace) -> dict[str, Any]:
+    name, study = args.study, STUDIES[args.study]
+    result, _ = compare_study(study, args)
     answers = {"balanced_vs_bsp": pairwise(result, "bsp+balance", "bsp"),
                "best_remedy_vs_asp": pairwise(result, best_remedy(result), "asp")}
     record = {**provenance(), "study": name, "title": study["title"], "answers": answers, "compare": strip(result)}

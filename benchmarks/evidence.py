@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from tuned import RESULTS, ROOT, provenance, write_results
@@ -81,6 +82,35 @@ def run_study(name: str, seeds: int, tune_seeds: int, jobs: int, resume: bool) -
     record = {**provenance(), "study": name, "title": study["title"], "compare": strip(result)}
     write_results(f"evidence-{name}", record, markdown(name, study, result))
     return record
+
+
+def study_args(doc: str, studies: dict[str, dict[str, Any]], argv: list[str]) -> argparse.Namespace | None:
+    """The command line every study script shares (balance.py, lowcomm.py); None after --list or without a
+    study named (the list is printed)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("study", nargs="?", choices=sorted(studies))
+    parser.add_argument("--list", action="store_true", help="list the studies")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds (>= 10 for a claim)")
+    parser.add_argument("--tune-seeds", type=int, default=2, help="development seeds")
+    parser.add_argument("--resume", action="store_true", help="keep the finished runs (other studies' too)")
+    args = parser.parse_args(argv)
+    if args.list or not args.study:
+        for name, study in studies.items():
+            print(f"{name}: {study['title']}; runs in runs/evidence/{study['folder']}")
+        return None
+    return args
+
+
+def compare_study(study: dict[str, Any], args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+    """Run (or resume) one study's comparison in runs/evidence/FOLDER: its result and that folder."""
+    from shoal.comparison import run_comparison
+
+    out = ROOT / "runs" / "evidence" / study["folder"]
+    result, _ = run_comparison(ROOT / study["config"], study["schemes"], args.seeds, list(study["sets"]), out,
+                               overwrite=False, quiet=False, tune=[], tune_seeds=args.tune_seeds, jobs=args.jobs,
+                               resume=args.resume)
+    return result, out
 
 
 def progress(name: str, seeds: int, tune_seeds: int) -> tuple[int, int]:

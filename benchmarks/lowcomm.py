@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from balance import pairwise
-from evidence import LM, markdown as evidence_markdown, strip
-from tuned import ROOT, provenance, write_results
+from evidence import LM, compare_study, markdown as evidence_markdown, strip, study_args
+from tuned import provenance, write_results
 
 ONE_GBIT = ["cluster.link_gbps=1", "cluster.server_gbps=1"]
 STREAMING = "streaming_diloco"
@@ -54,34 +54,20 @@ SCHEMES = f"bsp,localsgd,{POST_LOCAL},{ADACOMM},diloco,{STREAMING},{FP4},{ORDERE
 LOW_COMM = ("localsgd", "diloco", STREAMING, FP4)
 
 STUDIES: dict[str, dict[str, Any]] = {
-    "lm-1g": {**LM, "sets": LM["sets"] + ONE_GBIT, "schemes": SCHEMES,
+    "lm-1g": {**LM, "sets": LM["sets"] + ONE_GBIT, "schemes": SCHEMES, "folder": "lowcomm-lm-1g",
               "title": "byte transformer on the stdlib, 16 equal workers, 1 Gbit/s links and server"},
 }
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("study", nargs="?", choices=sorted(STUDIES))
-    parser.add_argument("--list", action="store_true", help="list the studies")
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds (>= 10 for a claim)")
-    parser.add_argument("--tune-seeds", type=int, default=2, help="development seeds")
-    parser.add_argument("--resume", action="store_true", help="keep the finished runs of an interrupted study")
-    args = parser.parse_args(argv)
-    if args.list or not args.study:
-        for name, study in STUDIES.items():
-            print(f"{name}: {study['title']}; runs in runs/evidence/lowcomm-{name}")
-        return
-    run_study(args.study, args.seeds, args.tune_seeds, args.jobs, args.resume)
+    args = study_args(__doc__, STUDIES, argv)
+    if args is not None:
+        run_study(args)
 
 
-def run_study(name: str, seeds: int, tune_seeds: int, jobs: int, resume: bool) -> dict[str, Any]:
-    from shoal.comparison import run_comparison
-
-    study = STUDIES[name]
-    out = ROOT / "runs" / "evidence" / f"lowcomm-{name}"
-    result, _ = run_comparison(ROOT / study["config"], study["schemes"], seeds, list(study["sets"]), out,
-                               overwrite=False, quiet=False, tune=[], tune_seeds=tune_seeds, jobs=jobs, resume=resume)
+def run_study(args: argparse.Namespace) -> dict[str, Any]:
+    name, study = args.study, STUDIES[args.study]
+    result, out = compare_study(study, args)
     rows = {r["scheme"]: r for r in result["rows"]}
     best_low = min(LOW_COMM, key=lambda s: (rows[s]["time_to_target_s"] is None, rows[s]["time_to_target_s"] or 0.0))
     answers = {
