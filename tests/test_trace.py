@@ -84,7 +84,10 @@ def test_trace_of_a_gssp_run_has_a_track_per_worker_and_group_server(tmp_path):
     for w in range(4):
         assert compute[w] == pytest.approx(sum(r["compute_s"] for r in iterations if r["worker"] == w), abs=1e-3)
     marks = [e["name"] for e in doc["traceEvents"] if e["ph"] == "i" and e["s"] == "g"]
-    assert "groups: profiled" in marks and marks[-1].startswith("end")
+    assert "groups: profiled" in marks and marks[-2].startswith("end")
+    summary = json.loads((run / "summary.json").read_text())
+    assert marks[-1] == f"stragglers: {summary['stragglers']['verdict']}"  # the run's verdict closes its track
+    assert doc["otherData"]["stragglers"] == summary["stragglers"]["verdict"]
     assert sum(e["ph"] == "C" for e in doc["traceEvents"]) == sum(r["event"] == "eval" for r in records)
 
 

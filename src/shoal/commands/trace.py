@@ -23,7 +23,8 @@ def trace(
     """Write a Perfetto / chrome://tracing file: one track per worker (wait, pull, compute, push) and group server."""
     from shoal.report.trace import build_trace
 
-    doc = build_trace(read_metrics(metrics_file(run)), title=run.resolve().name)  # one streaming pass
+    doc = build_trace(read_metrics(metrics_file(run)), title=run.resolve().name,  # one streaming pass
+                      stragglers=_stragglers(run))
     if not doc["otherData"]["iterations"]:
         raise ConfigError(f"{run / 'metrics.jsonl'}: no iteration records (the run had "
                           "backend.log_iterations = false); run it again with --set backend.log_iterations=true")
@@ -37,6 +38,14 @@ def trace(
     info = doc["otherData"]
     typer.echo(f"trace: {target} ({info['iterations']} iterations of {info['workers']} workers); "
                "open it at https://ui.perfetto.dev or chrome://tracing")
+
+
+def _stragglers(run: Path) -> dict[str, Any] | None:
+    """summary.json's straggler analysis, when the run finished and had one (a missing or bad file: none)."""
+    try:
+        return json.loads((run / "summary.json").read_text()).get("stragglers")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def metrics_file(run: Path) -> Path:

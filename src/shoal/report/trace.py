@@ -7,7 +7,8 @@ order a worker runs it: gate wait, pull, compute, push (``pull_s`` splits
 the communication time; records without it show one "pull+push" slice after
 compute). Group servers get an instant per exchange; the run track gets the
 test metric as a counter and an instant per grouping, failure, checkpoint,
-learning-rate decay and speed change. Pure: records in, a dict out.
+learning-rate decay and speed change, and the straggler verdict at the end.
+Pure: records in, a dict out.
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ def _mark(record: dict[str, Any]) -> dict[str, Any]:
             "args": args}
 
 
-def build_trace(records: Iterable[dict[str, Any]], title: str = "shoal run") -> dict[str, Any]:
-    """The trace of a run's records (the lines of metrics.jsonl, in order)."""
+def build_trace(records: Iterable[dict[str, Any]], title: str = "shoal run",
+                stragglers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The trace of a run's records (the lines of metrics.jsonl, in order); ``stragglers`` (summary.json's):
+    its verdict marks the end of the run track and goes into the trace's metadata."""
     events: list[dict[str, Any]] = []
     workers: set[int] = set()
     servers: set[int] = set()
@@ -87,6 +90,11 @@ def build_trace(records: Iterable[dict[str, Any]], title: str = "shoal run") -> 
                                "pid": RUN, "tid": 0, "args": {record.get("metric", "accuracy"): value}})
         elif kind in MARKS and "t" in record:
             events.append(_mark(record))
+    if stragglers and stragglers.get("verdict"):
+        end = max((e["ts"] for e in events if "ts" in e), default=0)
+        events.append({"name": f"stragglers: {stragglers['verdict']}", "cat": "stragglers", "ph": "i", "s": "g",
+                       "ts": end, "pid": RUN, "tid": 0, "args": {k: v for k, v in stragglers.items()
+                                                                  if k in ("culprit", "verdict", "without_culprit")}})
     meta = [_meta(RUN, None, "process_name", title), _meta(RUN, 0, "thread_name", "run"),
             _meta(WORKERS, None, "process_name", "workers"), _meta(SERVERS, None, "process_name", "group servers")]
     meta += [_meta(WORKERS, w, "thread_name", f"worker {w}") for w in sorted(workers)]
@@ -94,4 +102,5 @@ def build_trace(records: Iterable[dict[str, Any]], title: str = "shoal run") -> 
     meta += [{"name": "thread_sort_index", "ph": "M", "pid": WORKERS, "tid": w, "args": {"sort_index": w}}
              for w in sorted(workers)]
     return {"traceEvents": meta + events, "displayTimeUnit": "ms",
-            "otherData": {"title": title, "iterations": iterations, "workers": len(workers)}}
+            "otherData": {"title": title, "iterations": iterations, "workers": len(workers),
+                          **({"stragglers": stragglers["verdict"]} if stragglers and stragglers.get("verdict") else {})}}
