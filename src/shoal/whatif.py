@@ -7,14 +7,17 @@ the simulator replays the run's configuration without that worker
 long run) until it has made the same training progress the real run made
 by its time to target (or by its end), and compares the two times.
 
-Progress is counted in shoal's own unit: every gradient is applied with
-weight 1/N (N = all workers), so N - 1 workers make the progress of
-``k`` iterations in ``k (N - 1) / N`` of theirs (the same number of rounds
-under BSP, the same total weight under ASP). It is an estimate: the
-reduced cluster's shards, straggler draws and batch noise differ, and a
-scheme that steps real local models (local SGD, DiLoCo, SIM) has no cost
-mode to replay with; for those, and for runs whose worker ids the config
-names (membership, speed changes, a host per worker), none is made.
+How much progress N - 1 workers make per iteration is not known in
+advance, so the estimate is a range between two rules. Every gradient is
+applied with weight 1/N, so if progress is per update (large batches
+already average the noise away), N - 1 workers make the progress of ``k``
+iterations in ``k (N - 1) / N`` of theirs (the same number of BSP rounds);
+if progress is per sample (small batches, noise-dominated), they need all
+``k``. The real run without the worker lands between the two (measured:
+benchmarks/results/straggler_estimate.md). A scheme that steps real local
+models (local SGD, DiLoCo, SIM) has no cost mode to replay with; for those,
+and for runs whose worker ids the config names (membership, speed changes,
+a host per worker), no estimate is made.
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ def cannot_replay(cfg: Config) -> str | None:
 
 def without_worker(cfg: Config, per_worker: list[dict[str, Any]], worker: int, iterations: int,
                    real_s: float) -> dict[str, Any]:
-    """Replay ``cfg`` without ``worker`` until it made the progress of ``iterations`` real iterations, which the
-    real run made in ``real_s``; the record says how long that took and how much sooner it is."""
+    """Replay ``cfg`` without ``worker`` to the progress of ``iterations`` real iterations (which the real run
+    made in ``real_s``), under both rules: the record gives each rule's iterations, times and speed-ups."""
     reason = cannot_replay(cfg)
     if reason is not None:
         return {"worker": worker, "skipped": reason}
@@ -55,24 +58,32 @@ def without_worker(cfg: Config, per_worker: list[dict[str, Any]], worker: int, i
 
     n = len(per_worker)
     speeds = [float(w["speed"]) for w in sorted(per_worker, key=lambda w: w["id"]) if w["id"] != worker]
-    needed = max(1, round(iterations * (n - 1) / n))
+    per_update, per_sample = max(1, round(iterations * (n - 1) / n)), iterations
     overrides = [f"cluster.workers={n - 1}", f"cluster.speeds={speeds}", "backend.mode=cost",
-                 f"run.max_iterations={needed}", "run.stop_at_target=false",
+                 f"run.max_iterations={per_sample}", "run.stop_at_target=false",
                  f"run.max_time_s={max(cfg.run.max_time_s, real_s) * 100}", "backend.log_iterations=false",
                  "backend.sim_checkpoint_every_s=0"]
     reduced = build_config(apply_overrides(cfg.model_dump(mode="json"), overrides), "the replay without a worker")
-    backend = SimBackend(build_setup(reduced), RunRecorder(log_iterations=False))
+    reached: list[float] = []  # the virtual time the replay made per_update iterations
+
+    def watch(kind: str, fields: dict[str, Any]) -> None:
+        if kind == "iteration" and not reached and recorder.iterations >= per_update:
+            reached.append(float(fields["t"]))
+
+    recorder = RunRecorder(log_iterations=False, listener=watch)
+    backend = SimBackend(build_setup(reduced), recorder)
     backend.run()
-    replay_s = float(backend.env.now)
-    return {"worker": worker, "iterations": needed, "time_s": round(replay_s, 6), "real_time_s": round(real_s, 6),
-            "speedup": round(real_s / replay_s, 4) if replay_s > 0 else None}
+    times = [reached[0] if reached else float(backend.env.now), float(backend.env.now)]
+    return {"worker": worker, "iterations": [per_update, per_sample], "time_s": [round(t, 6) for t in times],
+            "real_time_s": round(real_s, 6),
+            "speedup": [round(real_s / t, 4) if t > 0 else None for t in reversed(times)]}
 
 
 def sentence(estimate: dict[str, Any], unit: str = "virtual s") -> str:
-    """The verdict's second half: what leaving the worker out would have saved."""
+    """The verdict's second half: what leaving the worker out would have saved (a range, see the module)."""
     if "skipped" in estimate:
         return f"no estimate without it ({estimate['skipped']})"
-    speedup = estimate["speedup"]
-    how = "" if speedup is None else f", {speedup:.2g}x sooner" if speedup >= 1 else f", {1 / speedup:.2g}x later"
-    return (f"without it the same progress would take ~{estimate['time_s']:.3g} {unit} instead of "
-            f"{estimate['real_time_s']:.3g}{how} (a cost-only replay)")
+    (fast, slow), (low, high) = estimate["time_s"], estimate["speedup"]
+    how = "" if low is None or high is None else f", {low:.2g}-{high:.2g}x sooner"
+    return (f"without it the same progress would take ~{fast:.3g}-{slow:.3g} {unit} instead of "
+            f"{estimate['real_time_s']:.3g}{how} (a cost-only replay: per update - per sample)")
