@@ -796,7 +796,7 @@ def test_workers_load_their_own_shards_and_refuse_data_that_is_not_the_drivers(r
     data = f"data.name=\"python:{tmp_path}/user_data.py:load\""
     summary = train(ray_config(data, "run.max_time_s=3", "run.target_accuracy=1.0"), tmp_path / "ok")
     assert summary["iterations"] > 0
-    with pytest.raises(ConfigError, match="worker 0 loaded other data than the driver"):
+    with pytest.raises(ConfigError, match=r"worker \d+ loaded other data than the driver"):  # whichever starts first
         train(ray_config(data, "data.options={seeded = false}", "run.max_time_s=3"), tmp_path / "bad")
     assert not (tmp_path / "bad").exists()  # refused before it started: nothing written
     shipped = train(ray_config(data, "data.options={seeded = false}", "backend.data_loading=driver",
