@@ -286,6 +286,16 @@ def test_streaming_diloco_on_ray_hides_the_exchange_behind_the_next_step(ray_ses
     assert overlapped["final_accuracy"] > 0.5
 
 
+def test_adaptive_local_sgd_on_ray_averages_more_often_as_the_loss_falls(ray_session):
+    """The workers report their loss with each push; the server's policy shrinks the periods from H = 16, so per
+    iteration the run sends more than fixed H = 16 does."""
+    common = ("sync.scheme=localsgd", "sync.localsgd.local_steps=16", "run.max_time_s=3", "run.target_accuracy=0.99")
+    _, fixed = run_backend(ray_config(*common))
+    _, adaptive = run_backend(ray_config(*common, "sync.localsgd.adaptive=true"))
+    assert adaptive["bytes_up"] / adaptive["iterations"] > 1.5 * fixed["bytes_up"] / fixed["iterations"]
+    assert adaptive["final_accuracy"] > 0.6
+
+
 def test_asynchronous_diloco_on_ray_lets_the_fast_worker_run_ahead(ray_session):
     """Speeds 1, 1, 4, 4 (emulated): no barrier, so the fast workers take about three times the inner steps
     (measured 256 and 86 on a quiet machine; synchronous DiLoCo: 88 each, the fast ones waiting 2.5 s) and the

@@ -60,7 +60,7 @@ class LocalSGDOptions(Section):
 
     local_steps: int = Field(8, ge=1, description="Local optimizer steps between two averagings (H).")
     warmup_steps: int = Field(0, ge=0, description="Post-local SGD (Lin et al., 2020): average after every step for this many first steps, then every local_steps (0 = periods from the start).")
-    adaptive: bool = Field(False, description="AdaComm (Wang & Joshi, 2019; sim): after the first period of local_steps, each period is ceil(local_steps x sqrt(L / L0)) steps (1 to local_steps), L the workers' mean training loss over the period just ended and L0 the first period's, so averaging grows more frequent as the loss falls.")
+    adaptive: bool = Field(False, description="AdaComm (Wang & Joshi, 2019): after the first period of local_steps, each period is ceil(local_steps x sqrt(L / L0)) steps (1 to local_steps), L the workers' mean training loss over the period just ended and L0 the first period's, so averaging grows more frequent as the loss falls.")
 
 
 class DiLoCoOptions(Section):
@@ -68,7 +68,7 @@ class DiLoCoOptions(Section):
 
     local_steps: int = Field(8, ge=1, description="Inner optimizer steps between two outer steps (H).")
     warmup_steps: int = Field(0, ge=0, description="Synchronise after every step (the server's optimizer on the mean gradient, as BSP) for this many first steps, then take outer steps every local_steps (0 = from the start).")
-    adaptive: bool = Field(False, description="AdaComm's adaptive periods (sim), as sync.localsgd.adaptive: each period after the first is ceil(local_steps x sqrt(L / L0)) steps.")
+    adaptive: bool = Field(False, description="AdaComm's adaptive periods, as sync.localsgd.adaptive: each period after the first is ceil(local_steps x sqrt(L / L0)) steps.")
     asynchronous: bool = Field(False, description="No barrier (HeLoCo-style): a worker that finished its inner steps sends its change and goes on from the global model; each outer step takes the changes that arrived at that moment (on ray: within 5 ms), each discounted by 1 / (1 + its staleness in outer steps). With equal speeds it is synchronous DiLoCo exactly (on sim).")
     outer_lr: float = Field(0.7, gt=0, description="Learning rate of the outer Nesterov SGD on the averaged pseudo-gradient (DiLoCo: 0.7).")
     outer_momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum of the outer step (DiLoCo: 0.9).")

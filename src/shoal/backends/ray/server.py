@@ -266,7 +266,7 @@ class GroupServer:
 
     async def push(self, worker: int, pulled_version: int | None, grad: np.ndarray | None,
                    buffer_delta: np.ndarray, sim: dict[str, Any] | None = None, then_pull: bool = False,
-                   work: tuple[float, int] | None = None) -> dict[str, Any]:
+                   work: tuple[float, int] | None = None, loss: float | None = None) -> dict[str, Any]:
         """Take a gradient (None: it came through the data plane); apply what the policy releases; send the own
         delta when due (GSSP). With SIM, ``grad`` holds the packed gradient tensors and ``sim`` the packed local
         changes, both masks and the SIM clock. ``then_pull``: also wait at the gate for the worker's next
@@ -291,6 +291,7 @@ class GroupServer:
                 grad_t = None if grad_t is None else grad_t * discount
                 sim = {**sim, "delta": sim["delta"] * discount}
         self._pending[worker] = (grad_t, as_tensor(buffer_delta), sim)
+        self.policy.observe(worker, loss)  # the training loss adaptive periods follow
         batch = self.policy.on_push(worker)
         if batch:
             self._apply(batch)

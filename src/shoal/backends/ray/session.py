@@ -98,10 +98,6 @@ def validate(cfg: Config) -> None:
                               f"({torch.__version__}) sees no CUDA device; use 0, or a CUDA build on a GPU machine")
     if cfg.sync.balance in ("steps", "deadline"):
         raise ConfigError(f"sync.balance: {cfg.sync.balance!r} runs on sim only so far; use \"batch\" on ray")
-    options = getattr(cfg.sync, cfg.sync.scheme, None)
-    if getattr(options, "adaptive", False):
-        raise ConfigError(f"sync.{cfg.sync.scheme}.adaptive: adaptive periods run on sim only so far; use "
-                          "adaptive = false on ray")
     if cfg.sync.balance != "none" and cfg.sync.intra_group == "allreduce":
         raise ConfigError("sync.balance: on ray, batch sizes are planned by the (group) server; all-reduce groups "
                           "run balanced on sim only so far: use sync.intra_group = \"server\"")

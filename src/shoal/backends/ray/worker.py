@@ -334,8 +334,8 @@ class Worker:
         return self.cfg.backend.combined_pull and self.local is None and self.ina is None
 
     async def _push(self, route: Route, version: int, grad: np.ndarray | None, delta: np.ndarray,
-                    nbytes: int, sim: dict[str, Any] | None = None,
-                    work: tuple[float, int] | None = None) -> tuple[dict[str, Any], float, float] | None:
+                    nbytes: int, sim: dict[str, Any] | None = None, work: tuple[float, int] | None = None,
+                    loss: float | None = None) -> tuple[dict[str, Any], float, float] | None:
         """Upload (link-padded), re-sending to the new server if this worker moved; (reply, wait_s, comm_s).
 
         With ``_combined`` the reply also carries the next iteration's pull, kept in ``self._next``.
@@ -360,7 +360,8 @@ class Worker:
         def push(target: Route) -> Any:
             nonlocal moved_away
             moved_away = moved_away or target.handle._actor_id != route.handle._actor_id
-            return target.handle.push.remote(self.w, None if moved_away else version, grad, delta, sim, combined, work)
+            return target.handle.push.remote(self.w, None if moved_away else version, grad, delta, sim, combined, work,
+                                             loss)
 
         answered = await self._routed(push)
         if answered is None:
@@ -395,7 +396,7 @@ class Worker:
                 await asyncio.sleep(target - real)
             compute = max(target, real)
         work = (compute, batch) if "batch" in reply else None
-        pushed = await self._push(route, reply["version"], grad, delta, nbytes, sim, work)
+        pushed = await self._push(route, reply["version"], grad, delta, nbytes, sim, work, loss)
         if pushed is None:
             return False
         answer, push_wait, push_s = pushed
