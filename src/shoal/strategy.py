@@ -29,9 +29,8 @@ from shoal.sync.balance import WorkBalancer
 from shoal.sync.base import SchemeSpec, SyncPolicy, build_policy
 from shoal.sync.gssp import GSSP
 from shoal.sync.localsgd import LocalSGD, PeriodicSchedule
-from shoal.sync.streaming import FragmentSchedule
 
-AggregationSchedule = SimilaritySchedule | PeriodicSchedule | FragmentSchedule
+AggregationSchedule = SimilaritySchedule | PeriodicSchedule  # (FragmentSchedule is a PeriodicSchedule)
 
 
 @dataclass(frozen=True)

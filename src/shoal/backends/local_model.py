@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from shoal.compress.codec import GradientCodec
 from shoal.config import OptimizerConfig
 from shoal.engine.gradients import TensorSlot
 from shoal.engine.replica import Replica
@@ -66,3 +67,13 @@ class LocalModel:
 
     def set_lr(self, lr: float) -> None:
         self.replica.set_lr(lr)
+
+
+def pull_bytes(values: int, buffer_values: int, fresh: Sequence[bool], broadcast: GradientCodec | None,
+               changed: bool) -> int:
+    """What a pull of the ``fresh`` tensors (``values`` values) and ``buffer_values`` buffer values moves: float32,
+    or, where the server broadcasts quantised changes and these tensors moved by a sync since the worker's last
+    pull (``changed``), the codec's bytes for them (Streaming DiLoCo's ``outer_quantization``)."""
+    if broadcast is not None and changed and any(fresh):
+        return broadcast.nominal_bytes(1.0, fresh) + 4 * buffer_values
+    return 4 * (values + buffer_values)

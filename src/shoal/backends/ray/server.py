@@ -31,6 +31,7 @@ import torch
 import ray
 
 from shoal.backends import checkpoint
+from shoal.backends.local_model import pull_bytes
 from shoal.backends.ray.switch import ServerSide
 from shoal.backends.ray.wire import MOVED, OK, STOP, Link, as_tensor, pack, quiet_readonly_numpy, unpack
 from shoal.compress import GradientCodec
@@ -258,9 +259,7 @@ class GroupServer:
         values = pack(self.replica.params.detach(), fresh, self.slices)
         periodic = self.schedule.periodic  # local SGD: batch-norm buffers travel only with a sync
         buffer_values = 0 if periodic and not any(fresh) else self.replica.buffers.numel()
-        nbytes = 4 * (values.size + buffer_values)
-        if self.broadcast is not None and changed and any(fresh):  # the change travels quantised
-            nbytes = self.broadcast.nominal_bytes(1.0, fresh) + 4 * buffer_values
+        nbytes = pull_bytes(values.size, buffer_values, fresh, self.broadcast, changed)
         return {"params": values, "fresh": fresh, "plan": plan, "clock": clock, "periodic": periodic,
                 "nbytes": nbytes, "changed": changed}
 

@@ -24,7 +24,7 @@ import simpy
 import torch
 
 from shoal.cluster import StragglerModel
-from shoal.backends.local_model import LocalModel
+from shoal.backends.local_model import LocalModel, pull_bytes
 from shoal.backends.sim.balance import SimBalance
 from shoal.backends.sim.checkpoints import SimCheckpoints, at
 from shoal.backends.sim.groups import SimGroups
@@ -78,8 +78,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         self.delta_codecs = self._make_codecs(self.strategy.delta_codec) if self.locals else []
         self.exchange_codecs: list[GradientCodec] = []
         self.force_pull: set[int] = set()
-        self.overlap, self.mixing = self._init_overlap()
-        self.base_version: dict[int, int] = {}  # the server version each worker's local model last synchronised at  # Streaming DiLoCo: exchanges beside inner steps
+        self.overlap, self.mixing = self._init_overlap()  # Streaming DiLoCo: exchanges beside inner steps
+        self.base_version: dict[int, int] = {}  # the server version each worker's local model last synchronised at
         plan = setup.aggregation
         self._switch_links = {s: SharedLink(self.env, bps) for s, bps in plan.switch_bps.items()} if plan else {}
         self._switch_streams: dict[tuple[str, int], list[Any]] = {}
@@ -260,11 +260,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         values = self.locals[w].pull(params, fresh, mixing)
         server.schedule.record_saved(fresh)  # download
         server.schedule.record_saved(plan)  # upload
-        buffer_bytes = 4 * self._buffer_values(server.schedule, fresh)
-        if server.broadcast is not None and changed and any(fresh):  # the change came quantised
-            return Pulled(self.locals[w].params, buffers, server.broadcast.nominal_bytes(1.0, fresh) + buffer_bytes,
-                          fresh, plan, clock)
-        return Pulled(self.locals[w].params, buffers, 4 * values + buffer_bytes, fresh, plan, clock)
+        nbytes = pull_bytes(values, self._buffer_values(server.schedule, fresh), fresh, server.broadcast, changed)
+        return Pulled(self.locals[w].params, buffers, nbytes, fresh, plan, clock)
 
     def _buffer_values(self, schedule: AggregationSchedule, moved: tuple[bool, ...]) -> int:
         """Batch-norm values a SIM transfer carries: every time, or (local SGD) only with a sync."""
