@@ -293,3 +293,16 @@ def test_streaming_diloco_from_the_cli_records_its_peak_upload(tmp_path):
                           "--set", "sync.scheme=streaming_diloco", "--set", "sync.streaming_diloco.overlap_steps=99",
                           "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=100)
     assert bad.returncode == 2 and "overlap_steps" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_an_overlapped_exchange_takes_the_time_of_the_bytes_it_accounts():
+    """Compute next to nothing on a slow link, so the exchanges (upload, then download) are the run's time: with
+    fp4 both ways each value costs 0.625 bytes each way instead of 4, and the overlapped download is charged
+    the quantised bytes it records too (a float32 download would leave fp4 at about 0.6x float32's time)."""
+    common = ["sync.scheme=streaming_diloco", "sync.streaming_diloco.local_steps=8", "sync.streaming_diloco.fragments=2",
+              "sync.streaming_diloco.overlap_steps=1", "cluster.compute_s=0.0001", "cluster.link_gbps=0.005",
+              "cluster.server_gbps=0.005", "run.max_iterations=160", "run.eval_every_s=100"]
+    dense = run_sim(*common)
+    fp4 = run_sim(*common, "sync.streaming_diloco.outer_quantization=fp4")
+    assert fp4.recorder.bytes_down < 0.5 * dense.recorder.bytes_down
+    assert fp4.env.now < 0.3 * dense.env.now, (fp4.env.now, dense.env.now)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import simpy
 
+from shoal.backends.local_model import pull_bytes
 from shoal.backends.sim.server import Push, SimServer
 
 
@@ -53,8 +54,9 @@ class SimOverlap:
         yield round_[1]
         assert push.delta_mask is not None
         values = sum(sl.stop - sl.start for sl, sent in zip(self.slices, push.delta_mask) if sent)
+        down = pull_bytes(values, self.setup.num_buffer_values, push.delta_mask, server.broadcast, changed=True)
         yield self.env.timeout(profile.latency_s)
-        yield server.egress.transfer(4 * (values + self.setup.num_buffer_values), profile.link_bps)
+        yield server.egress.transfer(down, profile.link_bps)
 
     def _exchanged(self, w: int, clock: int) -> Iterator[simpy.Event]:
         """Wait for ``w``'s exchange of the sync it sent at ``clock``, if it sent one."""
