@@ -46,16 +46,12 @@ STUDIES: dict[str, dict[str, Any]] = {
     "lm-tiers-compression": {**LM, "sets": LM["sets"] + [TIERS_16], "schemes": "bsp,bsp+topk,bsp+powersgd,gssp+gdtopk,bsp+ina",
                              "title": "byte transformer on the stdlib, 16 tiered workers: compression and in-network aggregation"},
 }
+for _name, _study in STUDIES.items():
+    _study["folder"] = _name  # runs/evidence/STUDY
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("study", nargs="?", choices=sorted(STUDIES))
-    parser.add_argument("--list", action="store_true", help="list the studies with how many of their runs are done")
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds (>= 10 for a claim)")
-    parser.add_argument("--tune-seeds", type=int, default=2, help="development seeds")
-    parser.add_argument("--resume", action="store_true", help="keep the finished runs of an interrupted study")
+    parser = study_parser(__doc__, STUDIES)
     parser.add_argument("--headline", action="store_true",
                         help="write benchmarks/results/evidence-headline.md from every study's results file")
     args = parser.parse_args(argv)
@@ -69,24 +65,19 @@ def main(argv: list[str]) -> None:
             done, planned = progress(name, args.seeds, args.tune_seeds)
             print(f"{name}: {study['title']} ({study['schemes']}); {done} of {planned} runs done")
         return
-    run_study(args.study, args.seeds, args.tune_seeds, args.jobs, args.resume)
+    run_study(args)
 
 
-def run_study(name: str, seeds: int, tune_seeds: int, jobs: int, resume: bool) -> dict[str, Any]:
-    from shoal.comparison import run_comparison
-
-    study = STUDIES[name]
-    out = ROOT / "runs" / "evidence" / name
-    result, _ = run_comparison(ROOT / study["config"], study["schemes"], seeds, list(study["sets"]), out,
-                               overwrite=False, quiet=False, tune=[], tune_seeds=tune_seeds, jobs=jobs, resume=resume)
+def run_study(args: argparse.Namespace) -> dict[str, Any]:
+    name, study = args.study, STUDIES[args.study]
+    result, _ = compare_study(study, args)
     record = {**provenance(), "study": name, "title": study["title"], "compare": strip(result)}
     write_results(f"evidence-{name}", record, markdown(name, study, result))
     return record
 
 
-def study_args(doc: str, studies: dict[str, dict[str, Any]], argv: list[str]) -> argparse.Namespace | None:
-    """The command line every study script shares (balance.py, lowcomm.py); None after --list or without a
-    study named (the list is printed)."""
+def study_parser(doc: str, studies: dict[str, dict[str, Any]]) -> argparse.ArgumentParser:
+    """The command line every study script shares (evidence.py, balance.py, lowcomm.py)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("study", nargs="?", choices=sorted(studies))
     parser.add_argument("--list", action="store_true", help="list the studies")
@@ -94,7 +85,12 @@ def study_args(doc: str, studies: dict[str, dict[str, Any]], argv: list[str]) ->
     parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds (>= 10 for a claim)")
     parser.add_argument("--tune-seeds", type=int, default=2, help="development seeds")
     parser.add_argument("--resume", action="store_true", help="keep the finished runs (other studies' too)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def study_args(doc: str, studies: dict[str, dict[str, Any]], argv: list[str]) -> argparse.Namespace | None:
+    """``study_parser``'s arguments; None after --list or without a study named (the list is printed)."""
+    args = study_parser(doc, studies).parse_args(argv)
     if args.list or not args.study:
         for name, study in studies.items():
             print(f"{name}: {study['title']}; runs in runs/evidence/{study['folder']}")
