@@ -16,8 +16,10 @@ share in the first and the last third of the run; a plot per configuration
 of each tensor's cosine over clocks with the floor drawn in
 (benchmarks/results/sim_signal/*.png).
 
-Usage: .venv/bin/python benchmarks/sim_signal.py [--steps 300] [--quick]
+Usage: .venv/bin/python benchmarks/sim_signal.py [--steps 300] [--quick] [--resume]
 Results: benchmarks/results/sim_signal.{json,md} and benchmarks/results/sim_signal/.
+Each finished configuration's row is kept in runs/sim_signal/rows.jsonl; ``--resume`` reuses the rows
+measured with the same number of rounds (a run of 16 workers at batch 128 takes an hour on this CPU).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="BSP rounds per run")
     parser.add_argument("--quick", action="store_true", help="4 workers, batch 32, both partitions, 60 rounds")
+    parser.add_argument("--resume", action="store_true", help="reuse the rows already measured (same rounds)")
     args = parser.parse_args(argv)
     grid = ([(4, 32, "iid"), (4, 32, "by_source")] if args.quick else
             list(itertools.product((4, 16), (8, 32, 128), ("iid", "by_source"))))
@@ -50,15 +53,39 @@ def main(argv: list[str]) -> None:
     rows = []
     plots = RESULTS / "sim_signal"
     plots.mkdir(parents=True, exist_ok=True)
+    kept = kept_rows(steps) if args.resume else {}
     with tempfile.TemporaryDirectory() as tmp:
         for workers, batch, partition in grid:
-            events = measure(workers, batch, partition, steps, Path(tmp) / f"{workers}-{batch}-{partition}")
-            row = summarise(events, workers, batch, partition)
-            row["plot"] = str(plot(events, workers, plots / f"w{workers}-b{batch}-{partition}.png",
-                                   f"{workers} workers, batch {batch}, {partition}").relative_to(ROOT))
+            row = kept.get((workers, batch, partition))
+            if row is None or not (ROOT / row["plot"]).exists():
+                events = measure(workers, batch, partition, steps, Path(tmp) / f"{workers}-{batch}-{partition}")
+                row = summarise(events, workers, batch, partition)
+                row["plot"] = str(plot(events, workers, plots / f"w{workers}-b{batch}-{partition}.png",
+                                       f"{workers} workers, batch {batch}, {partition}").relative_to(ROOT))
+                keep_row(row, steps)
             print(json.dumps(row), flush=True)
             rows.append(row)
     write_results("sim_signal", {**provenance(), "steps": steps, "rows": rows}, markdown(rows, steps))
+
+
+ROWS = ROOT / "runs" / "sim_signal" / "rows.jsonl"
+
+
+def kept_rows(steps: int) -> dict[tuple[int, int, str], dict[str, Any]]:
+    """The rows a previous run of this script measured with ``steps`` rounds, by configuration."""
+    if not ROWS.exists():
+        return {}
+    with open(ROWS) as lines:
+        entries = [json.loads(line) for line in lines if line.strip()]
+    return {(e["row"]["workers"], e["row"]["batch"], e["row"]["partition"]): e["row"]
+            for e in entries if e["steps"] == steps}
+
+
+def keep_row(row: dict[str, Any], steps: int) -> None:
+    """Append a finished configuration's row, so that an interrupted grid resumes after it."""
+    ROWS.parent.mkdir(parents=True, exist_ok=True)
+    with open(ROWS, "a") as out:
+        out.write(json.dumps({"steps": steps, "row": row}) + "\n")
 
 
 def measure(workers: int, batch: int, partition: str, steps: int, out: Path) -> list[dict[str, Any]]:
