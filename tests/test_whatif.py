@@ -21,8 +21,8 @@ FINE = ["run.eval_every_s=0.02", "run.max_time_s=10", "run.target_accuracy=0.93"
 
 def test_one_slow_worker_is_named_and_its_cost_estimated_by_an_exact_replay(tmp_path: Path):
     """Speeds 1, 1, 1, 4 under BSP: worker 3 held the others back. Without it, the progress the run made by its
-    target is k (N - 1) / N iterations of the others if progress is per update, k if per sample; the replay
-    takes exactly the time a real (train-mode) run of the others takes for as many iterations."""
+    target is k (N - 1) / N iterations of the others if progress is per update, k if per sample, in between by
+    the run's gradient noise scale; the replay takes exactly the time a real (train-mode) run of the others takes for as many iterations."""
     summary = train(load_config(None, FAST + ["cluster.speeds=[1,1,1,4]", *FINE]), tmp_path / "slow")
     stragglers = summary["stragglers"]
     estimate = stragglers["without_culprit"]
@@ -32,7 +32,12 @@ def test_one_slow_worker_is_named_and_its_cost_estimated_by_an_exact_replay(tmp_
     low, high = estimate["speedup"]
     assert 2.5 < low < high < 4.5 and estimate["time_s"][0] < estimate["time_s"][1]
     assert "without it the same progress would take" in stragglers["verdict"]
-    for iterations, seconds in zip(estimate["iterations"], estimate["time_s"]):
+    point = estimate["estimate"]  # by the run's gradient noise scale: between the two rules
+    assert point["noise_scale"] == summary["gradient_noise_scale"] > 0
+    assert estimate["iterations"][0] <= point["iterations"] <= estimate["iterations"][1]
+    assert "by the run's gradient noise scale" in stragglers["verdict"]
+    for iterations, seconds in zip(estimate["iterations"] + [point["iterations"]],
+                                   estimate["time_s"] + [point["time_s"]]):
         real = train(load_config(None, FAST + ["cluster.workers=3", "cluster.speeds=[1,1,1]", *FINE,
                                                f"run.max_iterations={iterations}", "run.stop_at_target=false"]),
                      tmp_path / f"without-{iterations}")

@@ -196,7 +196,8 @@ def _estimate_without_culprit(cfg: Config, summary: dict[str, Any], recorder: Ru
     real_s = recorder.time_to_target_s if reached else summary["elapsed_s"]
     if not iterations or not real_s:
         return
-    estimate = without_worker(cfg, summary["per_worker"], stragglers["culprit"], iterations, real_s)
+    estimate = without_worker(cfg, summary["per_worker"], stragglers["culprit"], iterations, real_s,
+                              summary.get("gradient_noise_scale"))
     estimate["to"] = "target" if reached else "end"
     stragglers["without_culprit"] = estimate
     stragglers["verdict"] += "; " + sentence(estimate)

@@ -38,6 +38,7 @@ from shoal.config import Config
 from shoal.engine.cost import SharedLink, ring_allreduce_bytes, ring_allreduce_time
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary, diverged, internal_error
 from shoal.engine.replica import Replica
+from shoal.engine.noise import NoiseScale
 from shoal.engine.setup import RunSetup
 from shoal.strategy import AggregationSchedule, Strategy
 from shoal.sync import SyncPolicy
@@ -68,6 +69,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         self.departed: set[int] = set()  # workers that left (cluster.membership)
         self.gssp = self.strategy.coordinator(n)
         self.balancer = self.strategy.balancer(n)  # sync.balance: each worker's batch size or local steps
+        # equal batches only: balanced rounds mix batch sizes, which the estimate's algebra does not cover
+        self.noise = NoiseScale(self.cfg.data.batch_size) if self.balancer is None else None
         policy = self.gssp.policy(0) if self.gssp else self.strategy.policy(range(n))
         self.slices = [slice(s.offset, s.offset + s.numel) for s in setup.engine.layout]
         self.lr = self.cfg.optimizer.lr
@@ -135,6 +138,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
                      schedule: AggregationSchedule | None = None) -> SimServer:
         server = SimServer(self.env, policy, replica, self.weight(), self.profile.server_bps, schedule, self.slices)
         server.broadcast = self.strategy.broadcast_codec(len(getattr(self, "servers", [])))
+        server.noise = self.noise
         return server
 
     def server_of(self, worker: int) -> SimServer:
@@ -465,6 +469,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
                 "exchanges": self.exchanges,
                 "bytes_exchange": int(self.bytes_exchange),
                 **self._similarity_summary(),
+                **({"gradient_noise_scale": round(self.noise.value, 3)}
+                   if self.noise is not None and self.noise.value is not None else {}),
                 **({"routing": self.setup.aggregation.summary} if self.setup.aggregation else {}),
                 **({"error": error} if self.stop_reason == "internal_error" else {}),
             },

@@ -18,6 +18,7 @@ import torch
 from shoal.compress.codec import GradientCodec
 from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
 from shoal.engine.cost import SharedLink
+from shoal.engine.noise import NoiseScale
 from shoal.engine.replica import Replica, masked_slices
 from shoal.sync import SyncPolicy
 from shoal.sync.localsgd import PeriodicSchedule
@@ -99,6 +100,7 @@ class SimServer:
         self.replica = replica
         self.weight = weight
         self.broadcast: GradientCodec | None = None  # quantises the model changes sent back (Streaming DiLoCo)
+        self.noise: NoiseScale | None = None  # measures the gradient noise scale of equal-batch rounds
         self.schedule = schedule
         if isinstance(schedule, PeriodicSchedule):  # local SGD's plan follows the policy's periods
             schedule.follow(policy)
@@ -180,6 +182,8 @@ class SimServer:
             grads = weighed_by_samples(pushes)
             if grads:
                 self.replica.apply(grads, self.weight)
+            if self.noise is not None:
+                self.noise.add(grads)
         else:
             self._apply_sim(pushes)
         self.replica.add_buffer_deltas([p.buffer_delta for p in pushes if p.buffer_delta is not None], self.weight)
