@@ -57,9 +57,16 @@ class LocalModel:
                 values += numel
         return values
 
-    def step(self, grad: torch.Tensor) -> None:
-        """One local optimizer step with the worker's own (unweighted) gradient."""
+    def step(self, grad: torch.Tensor, lr: float | None = None) -> None:
+        """One local optimizer step with the worker's own (unweighted) gradient; at ``lr`` when given (the rate
+        when the gradient's computation started, which a decay may have changed since), else the current."""
+        now = self.replica.lr
+        if lr is None or lr == now:
+            self.replica.apply([grad], 1.0)
+            return
+        self.replica.set_lr(lr)
         self.replica.apply([grad], 1.0)
+        self.replica.set_lr(now)
 
     def change(self) -> torch.Tensor:
         """The local change of every tensor since its base."""

@@ -289,6 +289,8 @@ class BackendConfig(Section):
     name: Literal["sim", "ray"] = Field("sim", description="sim: virtual-clock simulator; ray: real processes.")
     mode: Literal["train", "cost"] = Field("train", description="cost: simulate the schedule only, no model math.")
     log_iterations: bool = Field(True, description="Write one metrics.jsonl line per worker iteration.")
+    batched: bool | Literal["auto"] = Field("auto", description="sim, train mode: compute every pending worker's gradient in one vmapped call (torch.func) instead of one after another; results equal the loop's to float rounding (docs/sim-batched.md). auto: batched on a CUDA device, the loop on the CPU (where batching was measured not to pay). A model vmap cannot take falls back to the loop, with the reason in summary.json's batching.")
+    batch_limit: int = Field(64, ge=1, description="sim, batched: the most workers' gradients in one vmapped call (bounds its memory; more pending requests take several calls).")
     torch_threads: int = Field(1, ge=1, description="Torch intra-op threads of the sim process (1 is fastest for small models and deterministic); ray actors use the whole CPUs they request (cpus_per_worker, cpus_per_server), at least one.")
     address: str | None = Field(None, description="ray: none = start an embedded local Ray on 127.0.0.1 (no dashboard); \"auto\" or \"ray://HOST:PORT\" = join an existing cluster.")
     local_cpus: int = Field(0, ge=0, description="ray, local mode: CPUs the embedded Ray instance declares; 0 = this machine's core count (raised to fit the actors' requests).")

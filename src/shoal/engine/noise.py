@@ -47,6 +47,13 @@ class NoiseScale:
         self.trace += self.batch_size * n * (small - big) / (n - 1)
         self.rounds += 1
 
+    def state(self) -> dict[str, float]:
+        """The sums, for a checkpoint (JSON floats round-trip exactly)."""
+        return {"true_norm": self.true_norm, "trace": self.trace, "rounds": self.rounds}
+
+    def restore(self, state: dict[str, float]) -> None:
+        self.true_norm, self.trace, self.rounds = state["true_norm"], state["trace"], int(state["rounds"])
+
     @property
     def value(self) -> float | None:
         """B_noise in samples, or None before a round whose gradients' mean had a positive estimated norm."""

@@ -28,6 +28,7 @@ from shoal.backends.local_model import LocalModel, pull_bytes
 from shoal.backends.sim.balance import SimBalance
 from shoal.backends.sim.checkpoints import SimCheckpoints, at
 from shoal.backends.sim.groups import SimGroups
+from shoal.backends.sim.lazy import LazyGradients
 from shoal.backends.sim.ina import SimInNetwork
 from shoal.backends.sim.membership import SimMembership
 from shoal.backends.sim.overlap import SimOverlap
@@ -71,6 +72,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         self.balancer = self.strategy.balancer(n)  # sync.balance: each worker's batch size or local steps
         # equal batches only: balanced rounds mix batch sizes, which the estimate's algebra does not cover
         self.noise = NoiseScale(self.cfg.data.batch_size) if self.balancer is None else None
+        self.gradients = LazyGradients(setup.engine, self._batched(), self.cfg.backend.batch_limit)
         policy = self.gssp.policy(0) if self.gssp else self.strategy.policy(range(n))
         self.slices = [slice(s.offset, s.offset + s.numel) for s in setup.engine.layout]
         self.lr = self.cfg.optimizer.lr
@@ -141,6 +143,12 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         server.noise = self.noise
         return server
 
+    def _batched(self) -> bool:
+        """backend.batched: on, off, or (auto) on where the model lives on a CUDA device."""
+        if self.cfg.backend.batched != "auto":
+            return bool(self.cfg.backend.batched)
+        return any(p.is_cuda for p in self.setup.engine.model.parameters())
+
     def server_of(self, worker: int) -> SimServer:
         return self.servers[self.gssp.server_of[worker]] if self.gssp else self.servers[0]
 
@@ -174,10 +182,12 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
             pull_s = self.env.now - t1
 
             work, compute = self._plan_work(w, profile.compute_s * self.speeds[w] * self.stragglers.factor(w))
-            push, loss = self._compute(w, pulled, work)
+            finish = self._compute(w, pulled, work)
             yield self.env.timeout(compute)
             if w in self.departed:
+                self.gradients.drop(w)
                 return
+            push, loss = finish()
 
             t2 = self.env.now
             ring_bytes, ring_s = self._ring(w) if self.allreduce else (0, 0.0)
@@ -278,49 +288,65 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         done = self.recorder.evals[-1]["iterations"] if self.recorder.evals else 0
         return (done // every + 1) * every
 
-    def _compute(self, w: int, pulled: Pulled, work: int) -> tuple[Push, float | None]:
-        """The worker's push: real (compressed) gradient in train mode, sizes only in cost mode."""
+    def _compute(self, w: int, pulled: Pulled, work: int) -> Callable[[], tuple[Push, float | None]]:
+        """Start ``w``'s computation; the call returned gives its push and loss at the end of its compute time:
+        the real (compressed) gradient in train mode, sizes only in cost mode. The gradient comes from
+        ``self.gradients`` (computed now, or batched with the others pending); what it feeds reads the
+        density, scale, learning rate and schedule recorded now, as if it all happened at the start."""
         buffer_bytes = 4 * self.setup.num_buffer_values
         if pulled.params is None:
             grad_bytes = self.codecs[w].nominal_bytes(self.density(w)) if self.codecs else 4 * self.setup.engine.num_params
-            return Push(None, None, grad_bytes + buffer_bytes), None
-        if self.strategy.balance == "steps":
-            return self._period_push(w, pulled, work)
-        if self.strategy.balance == "deadline":
-            return self._deadline_push(w, pulled, work)
+            return lambda: (Push(None, None, grad_bytes + buffer_bytes), None)
+        if self.strategy.balance in ("steps", "deadline"):  # several dependent gradients: the loop computes them
+            done = self._period_push(w, pulled, work) if self.strategy.balance == "steps" else \
+                self._deadline_push(w, pulled, work)
+            return lambda: done
         x, y = self.setup.streams[w].next(work if self.strategy.balance == "batch" else None)
-        grad, buffer_delta, loss = self.setup.engine.gradient(pulled.params, pulled.buffers, x, y)
-        if pulled.plan is not None:
-            return self._sim_push(w, pulled, grad, buffer_delta), round(loss, 6)
-        if (scale := self._scale(w)) != 1.0:
-            grad = grad * scale
-        grad_bytes = 4 * grad.numel()
-        if self.codecs:
-            grad, grad_bytes = self.codecs[w].encode(grad, self.density(w))
-        return Push(grad, buffer_delta, grad_bytes + buffer_bytes), round(loss, 6)
+        local = pulled.plan is not None  # a local model's parameters change with its step: compute on a copy
+        gradient = self.gradients.request(w, pulled.params.clone() if local else pulled.params, pulled.buffers, x, y)
+        density, scale, lr = self.density(w), self._scale(w), self.lr
+        if local:
+            schedule = self.server_of(w).schedule
 
-    def _sim_push(self, w: int, pulled: Pulled, grad: torch.Tensor, buffer_delta: torch.Tensor) -> Push:
-        """SIM: step locally; send gradients of tensors pulled fresh, local changes of tensors re-synchronised now."""
+            def finish_local() -> tuple[Push, float | None]:
+                grad, buffer_delta, loss = gradient()
+                return self._sim_push(w, pulled, grad, buffer_delta, density, scale, lr, schedule), round(loss, 6)
+            return finish_local
+
+        def finish() -> tuple[Push, float | None]:
+            grad, buffer_delta, loss = gradient()
+            if scale != 1.0:
+                grad = grad * scale
+            grad_bytes = 4 * grad.numel()
+            if self.codecs:
+                grad, grad_bytes = self.codecs[w].encode(grad, density)
+            return Push(grad, buffer_delta, grad_bytes + buffer_bytes), round(loss, 6)
+        return finish
+
+    def _sim_push(self, w: int, pulled: Pulled, grad: torch.Tensor, buffer_delta: torch.Tensor, density: float,
+                  scale: float, lr: float, schedule: AggregationSchedule) -> Push:
+        """SIM: step locally (at ``lr``); send gradients of tensors pulled fresh, local changes of tensors
+        re-synchronised now; ``scale`` weighs by samples (sync.balance: the round's mean is the global batch's)."""
         assert pulled.plan is not None and pulled.fresh is not None
         local = self.locals[w]
-        local.step(grad)
+        local.step(grad, lr)
         grad_mask = tuple(p and f for p, f in zip(pulled.plan, pulled.fresh))
         delta_mask = tuple(p and not f for p, f in zip(pulled.plan, pulled.fresh))
-        scale = self._scale(w)  # weighted by samples (sync.balance): the round's mean is the global batch's
-        sent_grad, grad_bytes = self._encode(self.codecs, w, grad if scale == 1.0 else grad * scale, grad_mask)
+        sent_grad, grad_bytes = self._encode(self.codecs, w, grad if scale == 1.0 else grad * scale, grad_mask,
+                                             density)
         sent_delta, delta_bytes = (None, 0)
         if any(delta_mask):
             change = local.change()
             sent_delta, delta_bytes = self._encode(self.delta_codecs, w, change if scale == 1.0 else change * scale,
-                                                   delta_mask)
-        nbytes = grad_bytes + delta_bytes + 4 * self._buffer_values(self.server_of(w).schedule, pulled.plan)
+                                                   delta_mask, density)
+        nbytes = grad_bytes + delta_bytes + 4 * self._buffer_values(schedule, pulled.plan)
         return Push(sent_grad, buffer_delta, nbytes, sent_delta, grad_mask, delta_mask, pulled.clock)
 
-    def _encode(self, codecs: list[GradientCodec], w: int, vector: torch.Tensor,
-                send: tuple[bool, ...]) -> tuple[torch.Tensor, int]:
+    def _encode(self, codecs: list[GradientCodec], w: int, vector: torch.Tensor, send: tuple[bool, ...],
+                density: float) -> tuple[torch.Tensor, int]:
         """The tensors marked in ``send``, compressed if a compressor is configured, and their bytes."""
         if codecs:
-            return codecs[w].encode(vector, self.density(w), send)
+            return codecs[w].encode(vector, density, send)
         out = torch.zeros_like(vector)
         values = 0
         for sl, take in zip(self.slices, send):
@@ -469,6 +495,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
                 "exchanges": self.exchanges,
                 "bytes_exchange": int(self.bytes_exchange),
                 **self._similarity_summary(),
+                "batching": self.gradients.summary(),
                 **({"gradient_noise_scale": round(self.noise.value, 3)}
                    if self.noise is not None and self.noise.value is not None else {}),
                 **({"routing": self.setup.aggregation.summary} if self.setup.aggregation else {}),

@@ -82,7 +82,7 @@ class SimBalance:
             losses.append(loss)
         everything = (True,) * len(self.slices)
         change = local.change() * self._scale(w)
-        sent, nbytes = self._encode(self.delta_codecs, w, change, everything)
+        sent, nbytes = self._encode(self.delta_codecs, w, change, everything, self.density(w))
         push = Push(None, buffer_delta, nbytes + 4 * self.setup.num_buffer_values, sent, (False,) * len(self.slices),
                     everything, pulled.clock)
         return push, round(sum(losses) / len(losses), 6)

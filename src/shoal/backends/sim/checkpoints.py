@@ -101,6 +101,7 @@ class SimCheckpoints:
             "stragglers": [self.stragglers.state(w) for w in range(len(self.stats))],
             "stats": [asdict(s) for s in self.stats], "recorder": recorder, "lr": self.lr,
             "speeds": self.speeds, "torch_rng": checkpoint.rng_text(torch.get_rng_state()),
+            **({"noise": self.noise.state()} if self.noise is not None else {}),
         })
         self.recorder.event("checkpoint", t=self.env.now, path=folder.name)
 
@@ -126,6 +127,8 @@ class SimCheckpoints:
         self.lr, self.speeds = state["lr"], list(state["speeds"])
         self.next_eval, self.next_checkpoint = state["next_eval"], state["next_checkpoint"]
         self.checkpoint_seq = int(folder.name.rpartition("-")[2])
+        if self.noise is not None and "noise" in state:
+            self.noise.restore(state["noise"])
         torch.set_rng_state(checkpoint.rng_state(state["torch_rng"]))
 
     def _load_checkpoint(self, run_dir: Path) -> tuple[Path, dict[str, Any]]:

@@ -1,0 +1,109 @@
+"""Many workers' gradients in one call: torch.func's vmap over the gradient of a functional call.
+
+The simulator computes one forward/backward per worker; on a GPU that loop
+leaves the device idle, so the batched path stacks the pending workers'
+flat parameters ([N, P], or one [P] shared by all when they hold the same
+version) and their mini-batches, and computes every gradient, loss and
+batch-norm buffer change at once. Inside the vmapped function the flat
+vector is cut into views shaped like the module's parameters; each float
+buffer is cloned from its slice (a view of one flat tensor would lose the
+in-place running-statistics update) and integer buffers
+(``num_batches_tracked``) are made fresh inside the call, because vmap
+cannot write into the module's own. Requests with different batch shapes
+(balanced batch sizes) go in separate calls; ``limit`` caps the workers per
+call, which bounds memory.
+
+A result equals the loop's to float rounding, not bitwise: a vmapped
+kernel sums in another order (tests/test_batched.py: float64 within 1e-10).
+Models that vmap cannot take (``.item()`` or data-dependent control flow in
+forward, in-place writes to captured tensors, some RNN kernels) raise on
+the first call; ``BatchedGradients`` then says why and the caller falls back
+to the loop.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from shoal.engine.gradients import GradientEngine
+
+
+@dataclass
+class Request:
+    """One worker's pending gradient: the values it computes on and its mini-batch."""
+
+    params: torch.Tensor
+    buffers: torch.Tensor
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+Result = tuple[torch.Tensor, torch.Tensor, float]  # gradient, buffer change, loss: GradientEngine.gradient's
+
+
+class BatchedGradients:
+    """Computes a list of requests in as few vmapped calls as their batch shapes and ``limit`` allow."""
+
+    def __init__(self, engine: GradientEngine, limit: int = 64) -> None:
+        self.engine = engine
+        self.limit = limit
+        model = engine.model
+        self._param_names = [s.name for s in engine.layout]
+        self._param_shapes = [s.shape for s in engine.layout]
+        self._param_sizes = [s.numel for s in engine.layout]
+        named = dict(model.named_buffers())
+        self._float_buffers = [(n, tuple(b.shape)) for n, b in named.items() if b.is_floating_point()]
+        self._int_buffers = [(n, b.dtype, tuple(b.shape)) for n, b in named.items() if not b.is_floating_point()]
+        self.calls = 0  # vmapped calls made
+        self.largest = 0  # the most requests one call computed
+
+    def compute(self, requests: list[Request]) -> list[Result]:
+        """Every request's gradient, buffer change and loss, in the order given."""
+        results: list[Result | None] = [None] * len(requests)
+        by_shape: dict[tuple[Any, ...], list[int]] = {}
+        for i, r in enumerate(requests):
+            by_shape.setdefault((tuple(r.x.shape), tuple(r.y.shape), r.x.dtype, r.y.dtype), []).append(i)
+        for indices in by_shape.values():
+            for start in range(0, len(indices), self.limit):
+                chunk = indices[start : start + self.limit]
+                for i, result in zip(chunk, self._call([requests[i] for i in chunk])):
+                    results[i] = result
+        return [r for r in results if r is not None]
+
+    def _call(self, requests: list[Request]) -> list[Result]:
+        from torch.func import grad_and_value, vmap
+
+        first = requests[0]
+        shared = all(r.params is first.params for r in requests)  # one version: pass it once, not stacked
+        params = first.params if shared else torch.stack([r.params for r in requests])
+        buffers = torch.stack([r.buffers for r in requests])
+        x = torch.stack([r.x for r in requests])
+        y = torch.stack([r.y for r in requests])
+        self.engine.model.train()
+        step = vmap(grad_and_value(self._loss, has_aux=True), in_dims=(None if shared else 0, 0, 0, 0),
+                    randomness="different")
+        with warnings.catch_warnings():  # CPU attention has no batching rule: vmap loops it, and says so each call
+            warnings.filterwarnings("ignore", message="There is a performance drop", category=UserWarning)
+            grads, (losses, buffer_deltas) = step(params, buffers, x, y)
+        self.calls += 1
+        self.largest = max(self.largest, len(requests))
+        return [(grads[i].detach(), buffer_deltas[i].detach(), float(losses[i])) for i in range(len(requests))]
+
+    def _loss(self, flat: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor,
+              y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One worker's loss at ``flat`` (vmapped: no worker dimension here), with its buffer change as aux."""
+        from torch.func import functional_call
+
+        params = {name: piece.view(shape) for name, piece, shape in
+                  zip(self._param_names, torch.split(flat, self._param_sizes), self._param_shapes)}
+        sizes = [int(torch.Size(shape).numel()) for _, shape in self._float_buffers]
+        pieces = torch.split(buffers, sizes) if sizes else ()
+        state = {name: piece.view(shape).clone() for (name, shape), piece in zip(self._float_buffers, pieces)}
+        state.update({name: torch.zeros(shape, dtype=dtype) for name, dtype, shape in self._int_buffers})
+        loss = self.engine.task.loss(functional_call(self.engine.model, {**params, **state}, (x,)), y)
+        after = torch.cat([state[name].reshape(-1) for name, _ in self._float_buffers]) if sizes else buffers
+        return loss, (after.detach() - buffers if sizes else buffers)

@@ -1,0 +1,150 @@
+"""The batched simulator (engine/batched.py, backends/sim/lazy.py): every pending worker's gradient in one vmapped
+call equals the loop's (float64: within 1e-10), batch-norm running statistics included; a model vmap cannot take
+falls back to the loop; a batched run matches the loop run per scheme and reruns bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import FAST
+from shoal.backends.sim.lazy import LazyGradients
+from shoal.config import load_config
+from shoal.engine.batched import BatchedGradients, Request
+from shoal.engine.gradients import GradientEngine
+from shoal.engine.task import DEFAULT_TASK
+from shoal.models import build_model
+from shoal.runner import train
+
+pytestmark = pytest.mark.timeout(120)
+
+MODELS = {  # name: (input shape, classes, options, a batch of inputs)
+    "mlp": ((1, 8, 8), 10, {}, lambda g: torch.randn(4, 1, 8, 8, generator=g, dtype=torch.float64)),
+    "lenet5": ((1, 28, 28), 10, {}, lambda g: torch.randn(4, 1, 28, 28, generator=g, dtype=torch.float64)),
+    "resnet18": ((3, 16, 16), 4, {"width": 2}, lambda g: torch.randn(4, 3, 16, 16, generator=g, dtype=torch.float64)),
+    "transformer": ((8,), 32, {"layers": 1, "width": 16, "heads": 2},
+                    lambda g: torch.randint(0, 32, (4, 8), generator=g)),
+}
+
+
+def engine_for(name: str) -> tuple[GradientEngine, torch.Generator]:
+    shape, classes, options, _ = MODELS[name]
+    torch.manual_seed(0)
+    model = build_model(name, shape, classes, hidden=[16] if name == "mlp" else None, options=options)
+    return GradientEngine(model.double(), DEFAULT_TASK), torch.Generator().manual_seed(1)
+
+
+def requests_for(name: str, engine: GradientEngine, gen: torch.Generator, workers: int) -> list[Request]:
+    """``workers`` requests at different parameters and buffers, each with its own batch."""
+    params, buffers = engine.initial_state()
+    shape, classes, _, inputs = MODELS[name]
+    out = []
+    for w in range(workers):
+        x = inputs(gen)
+        y = torch.randint(0, classes, (4, 8) if name == "transformer" else (4,), generator=gen)
+        out.append(Request(params + 0.05 * torch.randn(params.shape, generator=gen, dtype=params.dtype),
+                           buffers + 0.1 * w, x, y))
+    return out
+
+
+@pytest.mark.parametrize("workers", [1, 3, 16])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_batched_gradients_buffer_changes_and_losses_equal_the_loops(name: str, workers: int):
+    engine, gen = engine_for(name)
+    requests = requests_for(name, engine, gen, workers)
+    loop = [engine.gradient(r.params, r.buffers, r.x, r.y) for r in requests]
+    batched = BatchedGradients(engine).compute(requests)
+    assert len(batched) == workers
+    for (grad, delta, loss), (b_grad, b_delta, b_loss) in zip(loop, batched):
+        assert torch.allclose(b_grad, grad, rtol=0, atol=1e-10)
+        assert torch.allclose(b_delta, delta, rtol=0, atol=1e-10)
+        assert b_loss == pytest.approx(loss, abs=1e-10)
+    if name == "resnet18":  # the running statistics moved, and the batched path kept the move
+        assert all(float(d.abs().max()) > 1e-3 for _, d, _ in batched)
+
+
+def test_shared_parameters_go_in_once_and_give_what_stacked_ones_give():
+    engine, gen = engine_for("resnet18")
+    requests = requests_for("resnet18", engine, gen, 3)
+    shared = [Request(requests[0].params, r.buffers, r.x, r.y) for r in requests]
+    copies = [Request(requests[0].params.clone(), r.buffers, r.x, r.y) for r in requests]
+    for (a, da, la), (b, db, lb) in zip(BatchedGradients(engine).compute(shared),
+                                        BatchedGradients(engine).compute(copies)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12) and torch.allclose(da, db, rtol=0, atol=1e-12)
+
+
+def test_batches_of_different_sizes_and_a_call_limit_split_the_calls_not_the_results():
+    engine, gen = engine_for("mlp")
+    requests = requests_for("mlp", engine, gen, 5)
+    requests[1] = Request(requests[1].params, requests[1].buffers, requests[1].x[:2], requests[1].y[:2])
+    batcher = BatchedGradients(engine, limit=2)
+    results = batcher.compute(requests)
+    assert batcher.calls == 3 and batcher.largest == 2  # sizes 4 (four: two calls) and 2 (one)
+    for r, (grad, _, loss) in zip(requests, results):
+        expected, _, expected_loss = engine.gradient(r.params, r.buffers, r.x, r.y)
+        assert torch.allclose(grad, expected, rtol=0, atol=1e-10) and loss == pytest.approx(expected_loss)
+
+
+class Reads(nn.Module):
+    """A model vmap cannot take: its forward reads a value out of a tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * (2.0 if float(x.sum().item()) > 0 else 1.0)
+
+
+def test_a_model_vmap_cannot_take_falls_back_to_the_loop_and_says_why():
+    engine = GradientEngine(Reads())
+    params, buffers = engine.initial_state()
+    lazy = LazyGradients(engine, batched=True)
+    x, y = torch.randn(3, 4), torch.tensor([0, 1, 0])
+    taken = [lazy.request(w, params + w, buffers, x, y) for w in range(2)]
+    results = [take() for take in taken]
+    assert lazy.summary()["batched"] is False and "item" in lazy.summary()["fallback"]
+    for w, (grad, _, loss) in enumerate(results):
+        expected, _, expected_loss = engine.gradient(params + w, buffers, x, y)
+        assert torch.equal(grad, expected) and loss == expected_loss
+
+
+def test_pending_requests_are_computed_together_when_the_first_is_taken():
+    engine, gen = engine_for("mlp")
+    requests = requests_for("mlp", engine, gen, 3)
+    lazy = LazyGradients(engine, batched=True)
+    taken = [lazy.request(w, r.params, r.buffers, r.x, r.y) for w, r in enumerate(requests)]
+    lazy.drop(1)  # a worker that left: its request is never computed
+    taken[2]()
+    taken[0]()
+    assert lazy.summary() == {"batched": True, "calls": 1, "largest_call": 2}
+
+
+SCHEMES = {
+    "bsp": [], "asp": ["sync.scheme=asp"], "ssp": ["sync.scheme=ssp"], "gssp": ["sync.scheme=gssp"],
+    "localsgd": ["sync.scheme=localsgd", "sync.localsgd.local_steps=4"],
+    "diloco": ["sync.scheme=diloco", "sync.diloco.local_steps=4"],
+    "bsp+sim": ["compression.similarity.enabled=true"],
+    "topk": ["compression.method=topk", "compression.density=0.1"],
+    "dgc": ["compression.method=dgc", "compression.density=0.1"],
+    "powersgd": ["compression.method=powersgd"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_a_batched_run_matches_the_loop_run(tmp_path: Path, scheme: str):
+    """The same schedule (iterations, bytes: cost does not depend on batching) and, within noise, the same
+    curve: gradients differ from the loop's at float rounding, which training then amplifies a little."""
+    sets = FAST + ["cluster.speeds=[1, 1, 2, 3]", "run.stop_at_target=false", "run.max_time_s=1.5", *SCHEMES[scheme]]
+    loop = train(load_config(None, sets + ["backend.batched=false"]), tmp_path / "loop")
+    batched = train(load_config(None, sets + ["backend.batched=true"]), tmp_path / "batched")
+    assert loop["batching"] == {"batched": False} and batched["batching"]["batched"] is True
+    assert batched["batching"]["calls"] > 0
+    assert batched["iterations"] == loop["iterations"] and batched["bytes_up"] == loop["bytes_up"]
+    assert abs(batched["final_accuracy"] - loop["final_accuracy"]) < 0.05
+    again = train(load_config(None, sets + ["backend.batched=true"]), tmp_path / "again")
+    assert {k: v for k, v in again.items() if k != "wall_s"} == {k: v for k, v in batched.items() if k != "wall_s"}
