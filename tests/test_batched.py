@@ -4,6 +4,8 @@ falls back to the loop; a batched run matches the loop run per scheme and reruns
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,7 +122,7 @@ def test_pending_requests_are_computed_together_when_the_first_is_taken():
     lazy.drop(1)  # a worker that left: its request is never computed
     taken[2]()
     taken[0]()
-    assert lazy.summary() == {"batched": True, "calls": 1, "largest_call": 2}
+    assert lazy.summary() == {"device": "cpu", "batched": True, "calls": 1, "largest_call": 2}
 
 
 SCHEMES = {
@@ -142,9 +144,22 @@ def test_a_batched_run_matches_the_loop_run(tmp_path: Path, scheme: str):
     sets = FAST + ["cluster.speeds=[1, 1, 2, 3]", "run.stop_at_target=false", "run.max_time_s=1.5", *SCHEMES[scheme]]
     loop = train(load_config(None, sets + ["backend.batched=false"]), tmp_path / "loop")
     batched = train(load_config(None, sets + ["backend.batched=true"]), tmp_path / "batched")
-    assert loop["batching"] == {"batched": False} and batched["batching"]["batched"] is True
+    assert loop["batching"] == {"device": "cpu", "batched": False} and batched["batching"]["batched"] is True
     assert batched["batching"]["calls"] > 0
     assert batched["iterations"] == loop["iterations"] and batched["bytes_up"] == loop["bytes_up"]
     assert abs(batched["final_accuracy"] - loop["final_accuracy"]) < 0.05
     again = train(load_config(None, sets + ["backend.batched=true"]), tmp_path / "again")
     assert {k: v for k, v in again.items() if k != "wall_s"} == {k: v for k, v in batched.items() if k != "wall_s"}
+
+
+def test_auto_is_the_loop_on_the_cpu_and_cuda_where_there_is_none_is_one_clear_line(tmp_path: Path):
+    summary = train(load_config(None, FAST + ["run.max_time_s=0.3"]), tmp_path / "auto")
+    assert summary["batching"] == {"device": "cpu", "batched": False}
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    sets = [a for s in FAST + ["backend.device=cuda"] for a in ("--set", s)]
+    done = subprocess.run([sys.executable, "-m", "shoal", "train", *sets, "--out", str(tmp_path / "cuda")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "backend.device = \"cuda\"" in done.stderr and "sees no CUDA device" in done.stderr
+    assert not (tmp_path / "cuda").exists()

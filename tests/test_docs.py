@@ -44,7 +44,7 @@ REGENERATE = "make docs (or: .venv/bin/python -m shoal.docgen --out docs/configu
 #: the pages whose commands and keys this test keeps honest (written for users, not design notes)
 USER_PAGES = ["getting-started.md", "own-profile.md", "fair-comparison.md", "api.md", "schemes/bsp.md", "schemes/asp.md",
               "schemes/ssp.md", "schemes/gssp.md", "schemes/localsgd.md", "schemes/diloco.md", "schemes/compression.md",
-              "schemes/streaming_diloco.md", "workloads.md", "balance.md", "ddp-hooks.md"]
+              "schemes/streaming_diloco.md", "workloads.md", "balance.md", "ddp-hooks.md", "sim-batched.md"]
 
 
 # -- the generated reference ---------------------------------------------------------

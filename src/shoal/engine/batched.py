@@ -77,12 +77,12 @@ class BatchedGradients:
     def _call(self, requests: list[Request]) -> list[Result]:
         from torch.func import grad_and_value, vmap
 
-        first = requests[0]
+        first, device = requests[0], self.engine.device
         shared = all(r.params is first.params for r in requests)  # one version: pass it once, not stacked
-        params = first.params if shared else torch.stack([r.params for r in requests])
-        buffers = torch.stack([r.buffers for r in requests])
-        x = torch.stack([r.x for r in requests])
-        y = torch.stack([r.y for r in requests])
+        params = (first.params if shared else torch.stack([r.params for r in requests])).to(device)
+        buffers = torch.stack([r.buffers for r in requests]).to(device)
+        x = torch.stack([r.x for r in requests]).to(device)
+        y = torch.stack([r.y for r in requests]).to(device)
         self.engine.model.train()
         step = vmap(grad_and_value(self._loss, has_aux=True), in_dims=(None if shared else 0, 0, 0, 0),
                     randomness="different")
@@ -91,7 +91,8 @@ class BatchedGradients:
             grads, (losses, buffer_deltas) = step(params, buffers, x, y)
         self.calls += 1
         self.largest = max(self.largest, len(requests))
-        return [(grads[i].detach(), buffer_deltas[i].detach(), float(losses[i])) for i in range(len(requests))]
+        grads, buffer_deltas, losses = grads.detach().cpu(), buffer_deltas.detach().cpu(), losses.detach().cpu()
+        return [(grads[i], buffer_deltas[i], float(losses[i])) for i in range(len(requests))]
 
     def _loss(self, flat: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor,
               y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,7 +104,8 @@ class BatchedGradients:
         sizes = [int(torch.Size(shape).numel()) for _, shape in self._float_buffers]
         pieces = torch.split(buffers, sizes) if sizes else ()
         state = {name: piece.view(shape).clone() for (name, shape), piece in zip(self._float_buffers, pieces)}
-        state.update({name: torch.zeros(shape, dtype=dtype) for name, dtype, shape in self._int_buffers})
+        state.update({name: torch.zeros(shape, dtype=dtype, device=flat.device)
+                      for name, dtype, shape in self._int_buffers})
         loss = self.engine.task.loss(functional_call(self.engine.model, {**params, **state}, (x,)), y)
         after = torch.cat([state[name].reshape(-1) for name, _ in self._float_buffers]) if sizes else buffers
         return loss, (after.detach() - buffers if sizes else buffers)

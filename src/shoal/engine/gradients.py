@@ -2,7 +2,10 @@
 
 One torch module is reused for every worker: a computation loads the
 parameters (and batch-norm buffers) the worker pulled, so each gradient is
-computed on exactly the values that worker saw at its start time.
+computed on exactly the values that worker saw at its start time. The
+module may live on a GPU (the simulator's backend.device): flat vectors
+and batches come in on any device, and what comes out is on the CPU, where
+the simulator keeps its replicas.
 """
 
 from __future__ import annotations
@@ -40,6 +43,18 @@ class GradientEngine:
         self.num_buffer_values = sum(b.numel() for b in self._buffers)
         self.evaluated: tuple[torch.Tensor, torch.Tensor] | None = None  # the state of the latest evaluation
 
+    def to(self, device: torch.device) -> GradientEngine:
+        """Move the module to ``device``; its buffers become new tensors there, so the engine takes them anew."""
+        self.model.to(device)
+        self._params = list(self.model.parameters())
+        self._buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        """Where the module computes (its parameters' device)."""
+        return self._params[0].device if self._params else torch.device("cpu")
+
     @staticmethod
     def _layout(model: nn.Module) -> list[TensorSlot]:
         slots, offset = [], 0
@@ -50,7 +65,7 @@ class GradientEngine:
 
     def initial_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The module's current parameters and float buffers, flattened."""
-        return parameters_to_vector(self._params).detach().clone(), self._flat_buffers()
+        return parameters_to_vector(self._params).detach().cpu().clone(), self._flat_buffers().cpu()
 
     def _flat_buffers(self) -> torch.Tensor:
         if not self._buffers:
@@ -62,7 +77,7 @@ class GradientEngine:
         objects, on their device: DDP keeps references to them)."""
         with torch.no_grad():
             for tensor, delta in zip([*self._params, *self._buffers], self._split(params_delta, buffers_delta)):
-                tensor.add_(delta.view_as(tensor))
+                tensor.add_(delta.view_as(tensor).to(tensor.device))
 
     def _split(self, params: torch.Tensor, buffers: torch.Tensor) -> list[torch.Tensor]:
         sizes_p = [p.numel() for p in self._params]
@@ -71,25 +86,26 @@ class GradientEngine:
 
     def _load(self, params: torch.Tensor, buffers: torch.Tensor) -> None:
         with torch.no_grad():
-            vector_to_parameters(params, self._params)
+            vector_to_parameters(params.to(self.device), self._params)
             offset = 0
             for b in self._buffers:
-                b.copy_(buffers[offset : offset + b.numel()].view_as(b))
+                b.copy_(buffers[offset : offset + b.numel()].view_as(b))  # copy_ crosses devices itself
                 offset += b.numel()
 
     def gradient(
         self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """Gradient of the batch loss at ``params``; also the change of the buffers and the loss."""
+        """Gradient of the batch loss at ``params``; also the change of the buffers and the loss (on the CPU)."""
         self._load(params, buffers)
         self.model.train()
         for p in self._params:
             p.grad = None
-        loss = self.task.loss(self.model(x), y)
+        device = self.device
+        loss = self.task.loss(self.model(x.to(device)), y.to(device))
         loss.backward()
         loss = loss.detach()
-        grad = torch.cat([p.grad.reshape(-1) for p in self._params])
-        buffer_delta = self._flat_buffers() - buffers if self._buffers else buffers
+        grad = torch.cat([p.grad.reshape(-1) for p in self._params]).cpu()
+        buffer_delta = (self._flat_buffers() - buffers.to(device)).cpu() if self._buffers else buffers.cpu()
         return grad, buffer_delta, loss.item()
 
     @torch.no_grad()
@@ -102,7 +118,7 @@ class GradientEngine:
         self.model.eval()
         outputs, targets = [], []
         for start in range(0, len(y), batch):
-            outputs.append(self.model(x[start : start + batch]))
+            outputs.append(self.model(x[start : start + batch].to(self.device)).cpu())
             targets.append(y[start : start + batch])
         return self.task.judge(outputs, targets)
 

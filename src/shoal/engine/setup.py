@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +79,8 @@ def build_setup(cfg: Config) -> RunSetup:
         options=cfg.data.options,
     )
     engine = build_engine(cfg, dataset.input_shape, dataset.num_classes)
+    if cfg.backend.name == "sim" and cfg.backend.mode == "train":
+        engine.to(sim_device(cfg.backend.device))
     check_fit(engine, dataset, cfg)
     measured = None
     if cfg.cluster.compute_s == 0:
@@ -86,6 +89,23 @@ def build_setup(cfg: Config) -> RunSetup:
     profile = build_profile(cfg.cluster, cfg.run.seed, compute_s=measured)
     aggregation = plan_aggregation(cfg) if cfg.network.aggregation == "ina" else None
     return RunSetup(cfg, dataset, engine, profile, _streams(cfg, dataset), measured, aggregation)
+
+
+def sim_device(choice: str) -> torch.device:
+    """backend.device for the simulator: auto = CUDA where torch sees it. On CUDA, TF32 off and deterministic
+    algorithms on: a rerun on the same device (and the same batching) is bitwise identical."""
+    available = torch.cuda.is_available()
+    if choice == "cuda" and not available:
+        raise ConfigError(f"backend.device = \"cuda\": torch {torch.__version__} sees no CUDA device here; use "
+                          "\"auto\" or \"cpu\"")
+    if choice == "cpu" or not available:
+        return torch.device("cpu")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS needs it before first use
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    return torch.device("cuda")
 
 
 def build_engine(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> GradientEngine:
@@ -112,8 +132,8 @@ def check_fit(engine: GradientEngine, dataset: Dataset, cfg: Config) -> None:
     x, y = dataset.x_train[:2], dataset.y_train[:2]
     try:
         with torch.no_grad():
-            out = engine.model(x)
-            loss = engine.task.loss(out, y)
+            out = engine.model(x.to(engine.device))
+            loss = engine.task.loss(out, y.to(engine.device))
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - shapes the user's model, data or loss disagree on

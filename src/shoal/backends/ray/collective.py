@@ -102,7 +102,7 @@ class CollectiveWorker(GroupExchange):
         shard, self.stream = worker_shard(cfg, worker, data, num_classes)
         self.engine = build_engine(cfg, shard.input_shape, num_classes)
         self.engine._load(torch.from_numpy(np.array(params)), torch.from_numpy(np.array(buffers)))
-        self.engine.model.to(self.device)
+        self.engine.to(self.device)
         self.grouped = Strategy.from_config(cfg, self.engine.layout).grouped  # GSSP groups; else one group of all
         batch = min(len(shard.y_train), cfg.data.batch_size)  # what measures compute, without using the stream
         self._probe = (shard.x_train[:batch].to(self.device), shard.y_train[:batch].to(self.device))

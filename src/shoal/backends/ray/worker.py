@@ -75,7 +75,7 @@ class Worker:
         self.device = actor_device(cfg.backend.gpus_per_worker)
         shard, self.stream = worker_shard(cfg, worker, data, num_classes)
         self.engine = build_engine(cfg, shard.input_shape, num_classes)
-        self.engine.model.to(self.device)
+        self.engine.to(self.device)
         self.strategy = Strategy.from_config(cfg, self.engine.layout)  # the driver's, rebuilt from the same config
         self.codec = self.strategy.codec(worker)
         self.slices = [slice(t.offset, t.offset + t.numel) for t in self.engine.layout]

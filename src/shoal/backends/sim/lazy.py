@@ -70,7 +70,7 @@ class LazyGradients:
 
     def summary(self) -> dict[str, object]:
         """How the run's gradients were computed, for summary.json."""
-        out: dict[str, object] = {"batched": self.batcher is not None}
+        out: dict[str, object] = {"device": str(self.engine.device), "batched": self.batcher is not None}
         if self.batcher is not None:
             out.update(calls=self.batcher.calls, largest_call=self.batcher.largest)
         if self.fallback is not None:
