@@ -125,6 +125,18 @@ def test_pending_requests_are_computed_together_when_the_first_is_taken():
     assert lazy.summary() == {"device": "cpu", "batched": True, "calls": 1, "largest_call": 2}
 
 
+def test_a_request_on_a_local_model_computes_at_the_values_it_was_asked_at():
+    """A local model steps in place before the batch is computed: a mutable request keeps its own copy."""
+    engine, gen = engine_for("mlp")
+    r = requests_for("mlp", engine, gen, 1)[0]
+    expected, _, _ = engine.gradient(r.params, r.buffers, r.x, r.y)
+    lazy = LazyGradients(engine, batched=True)
+    params = r.params.clone()
+    take = lazy.request(0, params, r.buffers, r.x, r.y, mutable=True)
+    params.add_(1.0)
+    assert torch.allclose(take()[0], expected, rtol=0, atol=1e-10)
+
+
 SCHEMES = {
     "bsp": [], "asp": ["sync.scheme=asp"], "ssp": ["sync.scheme=ssp"], "gssp": ["sync.scheme=gssp"],
     "localsgd": ["sync.scheme=localsgd", "sync.localsgd.local_steps=4"],

@@ -302,8 +302,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
                 self._deadline_push(w, pulled, work)
             return lambda: done
         x, y = self.setup.streams[w].next(work if self.strategy.balance == "batch" else None)
-        local = pulled.plan is not None  # a local model's parameters change with its step: compute on a copy
-        gradient = self.gradients.request(w, pulled.params.clone() if local else pulled.params, pulled.buffers, x, y)
+        local = pulled.plan is not None  # a local model's parameters change with its step
+        gradient = self.gradients.request(w, pulled.params, pulled.buffers, x, y, mutable=local)
         density, scale, lr = self.density(w), self._scale(w), self.lr
         if local:
             schedule = self.server_of(w).schedule

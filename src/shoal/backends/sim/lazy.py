@@ -36,14 +36,15 @@ class LazyGradients:
         self._ready: dict[int, Result] = {}
 
     def request(self, worker: int, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor,
-                y: torch.Tensor) -> Callable[[], Result]:
+                y: torch.Tensor, *, mutable: bool = False) -> Callable[[], Result]:
         """Ask for ``worker``'s gradient at these values; the returned call gives it (gradient, buffer change,
-        loss). ``params`` must not change until then (a replica snapshot does not; clone a local model's)."""
+        loss). ``mutable``: ``params`` may change before then (a local model's, unlike a replica snapshot), so a
+        pending request keeps a copy."""
         if self.batcher is None:
             result = self.engine.gradient(params, buffers, x, y)
             return lambda: result
         self._ready.pop(worker, None)
-        self._pending[worker] = Request(params, buffers, x, y)
+        self._pending[worker] = Request(params.clone() if mutable else params, buffers, x, y)
         return lambda: self._take(worker)
 
     def drop(self, worker: int) -> None:
