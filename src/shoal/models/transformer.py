@@ -10,11 +10,24 @@ take as they are. Positions are learned, so the context is the input's T.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from shoal.errors import ConfigError
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention: the fused kernel, or plain math inside a torch.func transform (the batched simulator's
+    vmap), where the fused kernels' backward has no batching rule and would run one worker at a time."""
+    if not torch._C._functorch.is_functorch_wrapped_tensor(q):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    t = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(future, float("-inf")).softmax(-1) @ v
 
 
 class Block(nn.Module):
@@ -32,7 +45,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, t, w = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(n, t, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        attended = causal_attention(q, k, v)
         x = x + self.proj(attended.transpose(1, 2).reshape(n, t, w))
         return x + self.mlp(self.norm2(x))
 
