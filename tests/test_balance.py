@@ -257,3 +257,15 @@ def test_compare_takes_balance_as_a_modifier_and_the_report_draws_each_workers_b
     assert "each worker&#39;s batch size over time in bsp+balance" in page or \
         "each worker's batch size over time in bsp+balance" in page
     assert (out / "batches-bsp_balance.png").exists() and not (out / "batches-bsp.png").exists()
+
+
+def test_the_report_draws_the_batches_of_runs_that_logged_no_iterations(tmp_path):
+    """No iteration events means no timeline window; the batch-size plots (balance events) still render."""
+    out = tmp_path / "cmp"
+    proc = subprocess.run(
+        [sys.executable, "-m", "shoal", "compare", "--schemes", "bsp+balance", *sum((["-s", o] for o in FAST), []),
+         "-s", "cluster.profile=tiers", "-s", "backend.log_iterations=false", "-o", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=170)
+    assert proc.returncode == 0, proc.stderr
+    page = (out / "report.html").read_text()
+    assert "batches-bsp_balance.png" in page and "Window:" not in page
