@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The batched simulator on a lent GPU machine (issue 41), as one prepared run: torch 2.11 there, no registry.
+#   1. install the wheels carried in wheels/ (pydantic, simpy, jenkspy, highspy, mlxtend, ...: `pip download`
+#      them here first) without dependencies, and shoal itself from the working tree;
+#   2. the batched simulator's tests on that torch version (equivalence on the CPU, schemes, fallback);
+#   3. seconds per simulated round, loop against batched, on CUDA (backend.device auto), results into $OUT.
+# Usage on the device: bash benchmarks/gpu_batched.sh   (needs $OUT; about 6 minutes)
+set -euo pipefail
+python -m pip install -q --no-deps --no-index wheels/*.whl 2>&1 | tail -2 || true
+python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2 || true
+python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0))"
+timeout 150 python -m pytest -q -p no:cacheprovider tests/test_batched.py 2>&1 | tail -5 || true
+PYTHONPATH=src timeout 330 python benchmarks/sim_speed.py --batched --workers 16,64 --rounds 3 --repeats 1
+cp benchmarks/results/sim_speed_batched-cuda.* "${OUT:-/tmp}/" 2>/dev/null || true
