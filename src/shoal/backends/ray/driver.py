@@ -455,6 +455,9 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
                 "restarts": sum(self.restarts),
                 "checkpoint": self.last_checkpoint,
                 "resumed_from": str(self.resume) if self.resume is not None else None,
+                # each worker computes its own gradient in its own process; the noise scale is measured on sim only
+                "batching": {"device": "cuda" if self.cfg.backend.gpus_per_worker > 0 else "cpu", "batched": False},
+                "gradient_noise_scale": None,
                 **({"error": self.error} if self.error else {}),
                 **self._similarity_summary(totals),
                 **({"routing": {**self.plan.summary, "dataplane": self.dataplane}} if self.plan is not None else {}),

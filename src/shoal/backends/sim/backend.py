@@ -496,12 +496,16 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
                 "bytes_exchange": int(self.bytes_exchange),
                 **self._similarity_summary(),
                 "batching": self.gradients.summary(),
-                **({"gradient_noise_scale": round(self.noise.value, 3)}
-                   if self.noise is not None and self.noise.value is not None else {}),
+                "gradient_noise_scale": self._noise_scale(),
                 **({"routing": self.setup.aggregation.summary} if self.setup.aggregation else {}),
                 **({"error": error} if self.stop_reason == "internal_error" else {}),
             },
         )
+
+    def _noise_scale(self) -> float | None:
+        """The run's gradient noise scale in samples (engine/noise.py), or None where it was not measured."""
+        value = self.noise.value if self.noise is not None else None
+        return None if value is None else round(value, 3)
 
     def _similarity_summary(self) -> dict[str, Any]:
         """SIM's final state per group server, and the bytes it saved in all."""
