@@ -27,8 +27,8 @@ from shoal.cluster import StragglerModel
 from shoal.backends.local_model import LocalModel, pull_bytes
 from shoal.backends.sim.balance import SimBalance
 from shoal.backends.sim.checkpoints import SimCheckpoints, at
+from shoal.backends.sim.compute import SimCompute
 from shoal.backends.sim.groups import SimGroups
-from shoal.backends.sim.lazy import LazyGradients
 from shoal.backends.sim.ina import SimInNetwork
 from shoal.backends.sim.membership import SimMembership
 from shoal.backends.sim.overlap import SimOverlap
@@ -38,8 +38,8 @@ from shoal.compress.similarity import similarity_summary
 from shoal.config import Config
 from shoal.engine.cost import SharedLink, ring_allreduce_bytes, ring_allreduce_time
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary, diverged, internal_error
-from shoal.engine.replica import Replica
 from shoal.engine.noise import NoiseScale
+from shoal.engine.replica import Replica
 from shoal.engine.setup import RunSetup
 from shoal.strategy import AggregationSchedule, Strategy
 from shoal.sync import SyncPolicy
@@ -47,7 +47,7 @@ from shoal.sync import SyncPolicy
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverlap, SimInNetwork):
+class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverlap, SimInNetwork, SimCompute):
     """Runs one configured training (or cost-only) simulation to its stopping rule."""
 
     def __init__(self, setup: RunSetup, recorder: RunRecorder, progress: ProgressFn | None = None,
@@ -72,7 +72,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         self.balancer = self.strategy.balancer(n)  # sync.balance: each worker's batch size or local steps
         # equal batches only: balanced rounds mix batch sizes, which the estimate's algebra does not cover
         self.noise = NoiseScale(self.cfg.data.batch_size) if self.balancer is None else None
-        self.gradients = LazyGradients(setup.engine, self._batched(), self.cfg.backend.batch_limit)
+        self.gradients = self._init_compute()
         policy = self.gssp.policy(0) if self.gssp else self.strategy.policy(range(n))
         self.slices = [slice(s.offset, s.offset + s.numel) for s in setup.engine.layout]
         self.lr = self.cfg.optimizer.lr
@@ -142,12 +142,6 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         server.broadcast = self.strategy.broadcast_codec(len(getattr(self, "servers", [])))
         server.noise = self.noise
         return server
-
-    def _batched(self) -> bool:
-        """backend.batched: on, off, or (auto) on where the model lives on a CUDA device."""
-        if self.cfg.backend.batched != "auto":
-            return bool(self.cfg.backend.batched)
-        return any(p.is_cuda for p in self.setup.engine.model.parameters())
 
     def server_of(self, worker: int) -> SimServer:
         return self.servers[self.gssp.server_of[worker]] if self.gssp else self.servers[0]
@@ -287,73 +281,6 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         every = self.cfg.run.eval_every_iterations
         done = self.recorder.evals[-1]["iterations"] if self.recorder.evals else 0
         return (done // every + 1) * every
-
-    def _compute(self, w: int, pulled: Pulled, work: int) -> Callable[[], tuple[Push, float | None]]:
-        """Start ``w``'s computation; the call returned gives its push and loss at the end of its compute time:
-        the real (compressed) gradient in train mode, sizes only in cost mode. The gradient comes from
-        ``self.gradients`` (computed now, or batched with the others pending); what it feeds reads the
-        density, scale, learning rate and schedule recorded now, as if it all happened at the start."""
-        buffer_bytes = 4 * self.setup.num_buffer_values
-        if pulled.params is None:
-            grad_bytes = self.codecs[w].nominal_bytes(self.density(w)) if self.codecs else 4 * self.setup.engine.num_params
-            return lambda: (Push(None, None, grad_bytes + buffer_bytes), None)
-        if self.strategy.balance in ("steps", "deadline"):  # several dependent gradients: the loop computes them
-            done = self._period_push(w, pulled, work) if self.strategy.balance == "steps" else \
-                self._deadline_push(w, pulled, work)
-            return lambda: done
-        x, y = self.setup.streams[w].next(work if self.strategy.balance == "batch" else None)
-        local = pulled.plan is not None  # a local model's parameters change with its step
-        gradient = self.gradients.request(w, pulled.params, pulled.buffers, x, y, mutable=local)
-        density, scale, lr = self.density(w), self._scale(w), self.lr
-        if local:
-            schedule = self.server_of(w).schedule
-
-            def finish_local() -> tuple[Push, float | None]:
-                grad, buffer_delta, loss = gradient()
-                return self._sim_push(w, pulled, grad, buffer_delta, density, scale, lr, schedule), round(loss, 6)
-            return finish_local
-
-        def finish() -> tuple[Push, float | None]:
-            grad, buffer_delta, loss = gradient()
-            if scale != 1.0:
-                grad = grad * scale
-            grad_bytes = 4 * grad.numel()
-            if self.codecs:
-                grad, grad_bytes = self.codecs[w].encode(grad, density)
-            return Push(grad, buffer_delta, grad_bytes + buffer_bytes), round(loss, 6)
-        return finish
-
-    def _sim_push(self, w: int, pulled: Pulled, grad: torch.Tensor, buffer_delta: torch.Tensor, density: float,
-                  scale: float, lr: float, schedule: AggregationSchedule) -> Push:
-        """SIM: step locally (at ``lr``); send gradients of tensors pulled fresh, local changes of tensors
-        re-synchronised now; ``scale`` weighs by samples (sync.balance: the round's mean is the global batch's)."""
-        assert pulled.plan is not None and pulled.fresh is not None
-        local = self.locals[w]
-        local.step(grad, lr)
-        grad_mask = tuple(p and f for p, f in zip(pulled.plan, pulled.fresh))
-        delta_mask = tuple(p and not f for p, f in zip(pulled.plan, pulled.fresh))
-        sent_grad, grad_bytes = self._encode(self.codecs, w, grad if scale == 1.0 else grad * scale, grad_mask,
-                                             density)
-        sent_delta, delta_bytes = (None, 0)
-        if any(delta_mask):
-            change = local.change()
-            sent_delta, delta_bytes = self._encode(self.delta_codecs, w, change if scale == 1.0 else change * scale,
-                                                   delta_mask, density)
-        nbytes = grad_bytes + delta_bytes + 4 * self._buffer_values(schedule, pulled.plan)
-        return Push(sent_grad, buffer_delta, nbytes, sent_delta, grad_mask, delta_mask, pulled.clock)
-
-    def _encode(self, codecs: list[GradientCodec], w: int, vector: torch.Tensor, send: tuple[bool, ...],
-                density: float) -> tuple[torch.Tensor, int]:
-        """The tensors marked in ``send``, compressed if a compressor is configured, and their bytes."""
-        if codecs:
-            return codecs[w].encode(vector, density, send)
-        out = torch.zeros_like(vector)
-        values = 0
-        for sl, take in zip(self.slices, send):
-            if take:
-                out[sl] = vector[sl]
-                values += sl.stop - sl.start
-        return out, 4 * values
 
     def _decay_lr(self) -> None:
         """Follow the step schedule; SIM restarts its periods at a decay."""
