@@ -145,6 +145,9 @@ SCHEMES = {
     "topk": ["compression.method=topk", "compression.density=0.1"],
     "dgc": ["compression.method=dgc", "compression.density=0.1"],
     "powersgd": ["compression.method=powersgd"],
+    "streaming_diloco": ["sync.scheme=streaming_diloco", "sync.streaming_diloco.local_steps=4",
+                         "sync.streaming_diloco.fragments=2"],
+    "bsp+balance": ["sync.balance=batch"],  # batch sizes differ per worker: one call per size
 }
 
 
