@@ -90,6 +90,24 @@ def test_batches_of_different_sizes_and_a_call_limit_split_the_calls_not_the_res
         assert torch.allclose(grad, expected, rtol=0, atol=1e-10) and loss == pytest.approx(expected_loss)
 
 
+def test_a_call_out_of_memory_is_retried_in_halves_and_the_limit_stays_halved(monkeypatch):
+    engine, gen = engine_for("mlp")
+    requests = requests_for("mlp", engine, gen, 6)
+    batcher = BatchedGradients(engine, limit=4)  # 4 runs out of memory: 2, 2 and 2
+    real = batcher._call
+
+    def small_memory(chunk: list[Request]):
+        if len(chunk) > 2:
+            raise torch.OutOfMemoryError("out of memory")
+        return real(chunk)
+
+    monkeypatch.setattr(batcher, "_call", small_memory)
+    results = batcher.compute(requests)
+    assert batcher.limit == 2 and batcher.calls == 3 and batcher.largest == 2
+    for r, (grad, _, _) in zip(requests, results):
+        assert torch.allclose(grad, engine.gradient(r.params, r.buffers, r.x, r.y)[0], rtol=0, atol=1e-10)
+
+
 class Reads(nn.Module):
     """A model vmap cannot take: its forward reads a value out of a tensor."""
 

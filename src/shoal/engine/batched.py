@@ -11,7 +11,8 @@ in-place running-statistics update) and integer buffers
 (``num_batches_tracked``) are made fresh inside the call, because vmap
 cannot write into the module's own. Requests with different batch shapes
 (balanced batch sizes) go in separate calls; ``limit`` caps the workers per
-call, which bounds memory.
+call, and a call that runs out of device memory is retried in halves (the
+limit stays halved for the rest of the run).
 
 A result equals the loop's to float rounding, not bitwise: a vmapped
 kernel sums in another order (tests/test_batched.py: float64 within 1e-10).
@@ -68,10 +69,21 @@ class BatchedGradients:
         for i, r in enumerate(requests):
             by_shape.setdefault((tuple(r.x.shape), tuple(r.y.shape), r.x.dtype, r.y.dtype), []).append(i)
         for indices in by_shape.values():
-            for start in range(0, len(indices), self.limit):
+            start = 0
+            while start < len(indices):
                 chunk = indices[start : start + self.limit]
-                for i, result in zip(chunk, self._call([requests[i] for i in chunk])):
+                try:
+                    computed = self._call([requests[i] for i in chunk])
+                except torch.OutOfMemoryError:
+                    if len(chunk) == 1:
+                        raise
+                    self.limit = len(chunk) // 2  # the device's memory is the bound: halve the calls from now on
+                    if self.engine.device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    continue
+                for i, result in zip(chunk, computed):
                     results[i] = result
+                start += len(chunk)
         return [r for r in results if r is not None]
 
     def _call(self, requests: list[Request]) -> list[Result]:
