@@ -4,6 +4,7 @@ falls back to the loop; a batched run matches the loop run per scheme and reruns
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from conftest import FAST
 from shoal.backends.sim.lazy import LazyGradients
 from shoal.config import load_config
 from shoal.engine.batched import BatchedGradients, Request
-from shoal.engine.gradients import GradientEngine
+from shoal.engine.gradients import GradientEngine, worker_seed
 from shoal.engine.task import DEFAULT_TASK
 from shoal.models import build_model
 from shoal.runner import train
@@ -196,3 +197,82 @@ def test_auto_is_the_loop_on_the_cpu_and_cuda_where_there_is_none_is_one_clear_l
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "backend.device = \"cuda\"" in done.stderr and "sees no CUDA device" in done.stderr
     assert not (tmp_path / "cuda").exists()
+
+
+def dropout_engine() -> GradientEngine:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 3))
+    return GradientEngine(model.double())
+
+
+def test_a_seed_decides_a_workers_dropout_masks_and_leaves_the_global_stream_alone():
+    engine = dropout_engine()
+    params, buffers = engine.initial_state()
+    x, y = torch.randn(5, 16, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
+    before = torch.get_rng_state()
+    first = engine.gradient(params, buffers, x, y, seed=worker_seed(7, 1, 3))[0]
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(engine.gradient(params, buffers, x, y, seed=worker_seed(7, 1, 3))[0], first)
+    for other in (worker_seed(7, 2, 3), worker_seed(7, 1, 4), worker_seed(8, 1, 3)):
+        assert not torch.equal(engine.gradient(params, buffers, x, y, seed=other)[0], first)
+
+
+def test_a_batched_call_draws_a_mask_per_worker_and_a_rerun_draws_the_same():
+    engine = dropout_engine()
+    params, buffers = engine.initial_state()
+    x, y = torch.randn(5, 16, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
+    requests = [Request(params, buffers, x, y, worker_seed(0, w, 0)) for w in range(3)]
+    grads = [g for g, _, _ in BatchedGradients(engine).compute(requests)]
+    assert not torch.equal(grads[0], grads[1]) and not torch.equal(grads[1], grads[2])  # same inputs, own masks
+    again = [g for g, _, _ in BatchedGradients(engine).compute(requests)]
+    assert all(torch.equal(a, b) for a, b in zip(grads, again))
+
+
+DROPOUT_PLUGIN = '''
+from torch import nn
+
+def build(input_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, num_classes))
+
+class Reads(nn.Module):
+    def __init__(self, num_classes):
+        super().__init__()
+        self.linear = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.linear(x.flatten(1)) * (2.0 if float(x.sum().item()) > 0 else 1.0)
+
+def reads(input_shape, num_classes):
+    return Reads(num_classes)
+'''
+
+
+def run_cli(tmp_path: Path, name: str, sets: list[str]) -> tuple[subprocess.CompletedProcess[str], dict]:
+    args = [a for s in FAST + ["run.max_time_s=0.5"] + sets for a in ("--set", s)]
+    done = subprocess.run([sys.executable, "-m", "shoal", "train", *args, "--out", str(tmp_path / name)],
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done, json.loads((tmp_path / name / "summary.json").read_text())
+
+
+def test_a_plugin_model_with_dropout_runs_batched_from_the_cli_and_reruns_bit_for_bit(tmp_path: Path):
+    (tmp_path / "plugin.py").write_text(DROPOUT_PLUGIN)
+    sets = [f'model.name="python:{tmp_path / "plugin.py"}:build"', "backend.batched=true"]
+    _, first = run_cli(tmp_path, "first", sets)
+    _, again = run_cli(tmp_path, "again", sets)
+    assert first["batching"]["batched"] is True and "fallback" not in first["batching"]
+    assert {k: v for k, v in first.items() if k != "wall_s"} == {k: v for k, v in again.items() if k != "wall_s"}
+    _, loop = run_cli(tmp_path, "loop", [sets[0], "backend.batched=false"])
+    assert loop["iterations"] == first["iterations"]  # the schedule does not depend on the masks
+
+
+def test_a_plugin_model_vmap_cannot_take_says_so_in_one_line_and_trains_in_the_loop(tmp_path: Path):
+    (tmp_path / "plugin.py").write_text(DROPOUT_PLUGIN)
+    done, summary = run_cli(tmp_path, "run", [f'model.name="python:{tmp_path / "plugin.py"}:reads"',
+                                              "backend.batched=true"])
+    lines = [line for line in done.stderr.splitlines() if "fall back to the per-worker loop" in line]
+    assert len(lines) == 1 and "item" in lines[0] and "Traceback" not in done.stderr
+    assert summary["batching"]["batched"] is False and "item" in summary["batching"]["fallback"]
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["reason"] for e in events if e.get("event") == "batching_fallback"] == [summary["batching"]["fallback"]]
+    assert summary["iterations"] > 0

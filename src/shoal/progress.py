@@ -95,6 +95,9 @@ class TrainProgress:
         return self.update
 
     def update(self, tick: dict[str, Any]) -> None:
+        if tick.get("note"):  # something the user should read once (a fallback): a line that stays
+            self.console.print(f"training: {tick['note']}", highlight=False, soft_wrap=True)
+            return
         fraction = None if tick.get("status") else budget_fraction(tick, self.max_time_s, self.max_iterations)
         line = describe(tick, fraction, eta_s(fraction, self.now() - self.start))
         if self.task is not None:

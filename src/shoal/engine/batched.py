@@ -16,6 +16,10 @@ limit stays halved for the rest of the run).
 
 A result equals the loop's to float rounding, not bitwise: a vmapped
 kernel sums in another order (tests/test_batched.py: float64 within 1e-10).
+Dropout draws a mask per worker (vmap's ``randomness="different"``) from one
+stream seeded by the call's requests, so a rerun repeats it; the loop seeds
+each worker's masks on their own, so the two paths draw different masks
+(equal in distribution, not in value).
 Models that vmap cannot take (``.item()`` or data-dependent control flow in
 forward, in-place writes to captured tensors, some RNN kernels) raise on
 the first call; ``BatchedGradients`` then says why and the caller falls back
@@ -30,7 +34,7 @@ from typing import Any
 
 import torch
 
-from shoal.engine.gradients import GradientEngine
+from shoal.engine.gradients import GradientEngine, seeded
 
 
 @dataclass
@@ -41,9 +45,22 @@ class Request:
     buffers: torch.Tensor
     x: torch.Tensor
     y: torch.Tensor
+    seed: int | None = None  # its random numbers' (dropout's) seed: engine/gradients.py's worker_seed
 
 
 Result = tuple[torch.Tensor, torch.Tensor, float]  # gradient, buffer change, loss: GradientEngine.gradient's
+
+
+def call_seed(requests: list[Request]) -> int | None:
+    """One seed for a vmapped call, from its requests' own: vmap draws every worker's random numbers from one
+    stream (``randomness="different"``: a mask per worker), so the call's seed is what a rerun must repeat."""
+    seeds = [r.seed for r in requests]
+    if all(s is None for s in seeds):
+        return None
+    combined = 0
+    for s in seeds:
+        combined = (combined * 1_000_003 + (s if s is not None else 0)) % (2**63 - 1)
+    return combined
 
 
 class BatchedGradients:
@@ -98,7 +115,8 @@ class BatchedGradients:
         self.engine.model.train()
         step = vmap(grad_and_value(self._loss, has_aux=True), in_dims=(None if shared else 0, 0, 0, 0),
                     randomness="different")
-        with warnings.catch_warnings():  # CPU attention has no batching rule: vmap loops it, and says so each call
+        with warnings.catch_warnings(), seeded(call_seed(requests), device):
+            # CPU attention has no batching rule: vmap loops it, and says so each call
             warnings.filterwarnings("ignore", message="There is a performance drop", category=UserWarning)
             grads, (losses, buffer_deltas) = step(params, buffers, x, y)
         self.calls += 1

@@ -11,6 +11,8 @@ the simulator keeps its replicas.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +30,29 @@ class TensorSlot:
     shape: tuple[int, ...]
     offset: int
     numel: int
+
+
+def worker_seed(run_seed: int, worker: int, step: int) -> int:
+    """The seed of one worker's randomness (dropout masks) at one of its steps: a function of the run's seed,
+    the worker and its step alone, so in the loop a worker's masks do not depend on which workers computed
+    before it (the event order). A batched call draws all its workers' masks from one stream seeded by
+    theirs (engine/batched.py): a mask per worker, reproducible, but not the loop's."""
+    return ((run_seed * 1_000_003 + worker) * 1_000_003 + step) % (2**63 - 1)
+
+
+@contextmanager
+def seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Torch's random numbers come from ``seed`` inside, and the global stream is left as it was; nothing
+    changes where ``seed`` is None."""
+    if seed is None:
+        yield
+        return
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else []):
+        torch.default_generator.manual_seed(seed)  # not torch.manual_seed: it visits every backend (100 us a call)
+        if cuda:
+            torch.cuda.manual_seed(seed)
+        yield
 
 
 class GradientEngine:
@@ -93,16 +118,19 @@ class GradientEngine:
                 offset += b.numel()
 
     def gradient(
-        self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+        self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+        seed: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """Gradient of the batch loss at ``params``; also the change of the buffers and the loss (on the CPU)."""
+        """Gradient of the batch loss at ``params``; also the change of the buffers and the loss (on the CPU).
+        ``seed``: the random numbers of this computation (dropout) come from it, not the global stream."""
         self._load(params, buffers)
         self.model.train()
         for p in self._params:
             p.grad = None
         device = self.device
-        loss = self.task.loss(self.model(x.to(device)), y.to(device))
-        loss.backward()
+        with seeded(seed, device):
+            loss = self.task.loss(self.model(x.to(device)), y.to(device))
+            loss.backward()
         loss = loss.detach()
         grad = torch.cat([p.grad.reshape(-1) for p in self._params]).cpu()
         buffer_delta = (self._flat_buffers() - buffers.to(device)).cpu() if self._buffers else buffers.cpu()

@@ -64,7 +64,7 @@ class SimBalance:
         if samples == 0:
             return Push(torch.zeros_like(pulled.params), None, 0, samples=0), None
         x, y = self.setup.streams[w].next(samples)
-        grad, buffer_delta, loss = self.setup.engine.gradient(pulled.params, pulled.buffers, x, y)
+        grad, buffer_delta, loss = self.setup.engine.gradient(pulled.params, pulled.buffers, x, y, self._seed(w))
         grad_bytes = 4 * grad.numel()
         if self.codecs:
             grad, grad_bytes = self.codecs[w].encode(grad, self.density(w))
@@ -75,9 +75,10 @@ class SimBalance:
         """sync.balance = "steps": ``steps`` local steps from the pulled model, then the change, weighted by steps."""
         local = self.locals[w]
         losses = []
-        for _ in range(steps):
+        for step in range(steps):
             x, y = self.setup.streams[w].next()
-            grad, buffer_delta, loss = self.setup.engine.gradient(local.params, pulled.buffers, x, y)
+            grad, buffer_delta, loss = self.setup.engine.gradient(local.params, pulled.buffers, x, y,
+                                                                  self._seed(w, step))
             local.step(grad)
             losses.append(loss)
         everything = (True,) * len(self.slices)

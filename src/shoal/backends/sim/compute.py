@@ -19,6 +19,7 @@ import torch
 from shoal.backends.sim.lazy import LazyGradients
 from shoal.backends.sim.server import Pulled, Push
 from shoal.compress import GradientCodec
+from shoal.engine.gradients import worker_seed
 from shoal.strategy import AggregationSchedule
 
 
@@ -30,7 +31,17 @@ class SimCompute:
         device."""
         choice = self.cfg.backend.batched
         batched = any(p.is_cuda for p in self.setup.engine.model.parameters()) if choice == "auto" else bool(choice)
-        return LazyGradients(self.setup.engine, batched, self.cfg.backend.batch_limit)
+        return LazyGradients(self.setup.engine, batched, self.cfg.backend.batch_limit, self._batching_fell_back)
+
+    def _batching_fell_back(self, reason: str) -> None:
+        """The batched path refused the model: one line in the log and the metrics, the reason in the summary."""
+        self.recorder.event("batching_fallback", t=self.env.now, reason=reason)
+        if self.progress is not None:
+            self.progress({"note": f"batched gradients fall back to the per-worker loop: {reason}"})
+
+    def _seed(self, w: int, step: int = 0) -> int:
+        """Worker ``w``'s random numbers (dropout) at its current iteration (``step``: a later local step)."""
+        return worker_seed(self.cfg.run.seed, w, self.stats[w].iterations + step)
 
     def _compute(self, w: int, pulled: Pulled, work: int) -> Callable[[], tuple[Push, float | None]]:
         """Start ``w``'s computation; the call returned gives its push and loss at the end of its compute time:
@@ -47,7 +58,8 @@ class SimCompute:
             return lambda: done
         x, y = self.setup.streams[w].next(work if self.strategy.balance == "batch" else None)
         local = pulled.plan is not None  # a local model's parameters change with its step
-        gradient = self.gradients.request(w, pulled.params, pulled.buffers, x, y, mutable=local)
+        gradient = self.gradients.request(w, pulled.params, pulled.buffers, x, y, mutable=local,
+                                          seed=self._seed(w))
         density, scale, lr = self.density(w), self._scale(w), self.lr
         if local:
             schedule = self.server_of(w).schedule

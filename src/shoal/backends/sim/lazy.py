@@ -12,7 +12,8 @@ it, from values recorded at the request (backends/sim/backend.py), so
 batching changes no order but that of the gradient kernels themselves.
 
 A model that vmap cannot take falls back to the loop for the rest of the
-run, once, with the reason in ``fallback`` (summary.json: ``batching``).
+run, once, with the reason in ``fallback`` (summary.json: ``batching``),
+told to ``on_fallback`` when it happens (the run's log line).
 """
 
 from __future__ import annotations
@@ -28,23 +29,25 @@ from shoal.engine.gradients import GradientEngine
 class LazyGradients:
     """Pending gradient requests per worker, computed together when the first is taken (or at once: loop)."""
 
-    def __init__(self, engine: GradientEngine, batched: bool, limit: int = 64) -> None:
+    def __init__(self, engine: GradientEngine, batched: bool, limit: int = 64,
+                 on_fallback: Callable[[str], None] | None = None) -> None:
         self.engine = engine
         self.batcher = BatchedGradients(engine, limit) if batched else None
         self.fallback: str | None = None  # why a batched run went back to the loop
+        self.on_fallback = on_fallback  # told the reason once, when it happens (the run's log line)
         self._pending: dict[int, Request] = {}
         self._ready: dict[int, Result] = {}
 
     def request(self, worker: int, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor,
-                y: torch.Tensor, *, mutable: bool = False) -> Callable[[], Result]:
+                y: torch.Tensor, *, mutable: bool = False, seed: int | None = None) -> Callable[[], Result]:
         """Ask for ``worker``'s gradient at these values; the returned call gives it (gradient, buffer change,
         loss). ``mutable``: ``params`` may change before then (a local model's, unlike a replica snapshot), so a
-        pending request keeps a copy."""
+        pending request keeps a copy. ``seed``: its random numbers' (engine/gradients.py: worker_seed)."""
         if self.batcher is None:
-            result = self.engine.gradient(params, buffers, x, y)
+            result = self.engine.gradient(params, buffers, x, y, seed)
             return lambda: result
         self._ready.pop(worker, None)
-        self._pending[worker] = Request(params.clone() if mutable else params, buffers, x, y)
+        self._pending[worker] = Request(params.clone() if mutable else params, buffers, x, y, seed)
         return lambda: self._take(worker)
 
     def drop(self, worker: int) -> None:
@@ -67,7 +70,10 @@ class LazyGradients:
             except Exception as err:  # noqa: BLE001 - vmap's refusals are of many types; the loop always works
                 self.fallback = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
                 self.batcher = None
-        self._ready.update((w, self.engine.gradient(r.params, r.buffers, r.x, r.y)) for w, r in zip(workers, requests))
+                if self.on_fallback is not None:
+                    self.on_fallback(self.fallback)
+        self._ready.update((w, self.engine.gradient(r.params, r.buffers, r.x, r.y, r.seed))
+                           for w, r in zip(workers, requests))
 
     def summary(self) -> dict[str, object]:
         """How the run's gradients were computed, for summary.json."""
