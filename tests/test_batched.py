@@ -259,10 +259,10 @@ def test_a_plugin_model_with_dropout_runs_batched_from_the_cli_and_reruns_bit_fo
     (tmp_path / "plugin.py").write_text(DROPOUT_PLUGIN)
     sets = [f'model.name="python:{tmp_path / "plugin.py"}:build"', "backend.batched=true"]
     _, first = run_cli(tmp_path, "first", sets)
-    _, again = run_cli(tmp_path, "again", sets)
     assert first["batching"]["batched"] is True and "fallback" not in first["batching"]
+    again = train(load_config(None, FAST + ["run.max_time_s=0.5"] + sets), tmp_path / "again")  # the API
     assert {k: v for k, v in first.items() if k != "wall_s"} == {k: v for k, v in again.items() if k != "wall_s"}
-    _, loop = run_cli(tmp_path, "loop", [sets[0], "backend.batched=false"])
+    loop = train(load_config(None, FAST + ["run.max_time_s=0.5", sets[0], "backend.batched=false"]), tmp_path / "loop")
     assert loop["iterations"] == first["iterations"]  # the schedule does not depend on the masks
 
 
