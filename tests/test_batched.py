@@ -19,7 +19,7 @@ from shoal.config import load_config
 from shoal.engine.batched import BatchedGradients, Request
 from shoal.engine.gradients import GradientEngine, worker_seed
 from shoal.engine.task import DEFAULT_TASK
-from shoal.models import build_model
+from shoal.models import MODELS as BUILT_IN, build_model
 from shoal.runner import train
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,6 +28,7 @@ MODELS = {  # name: (input shape, classes, options, a batch of inputs)
     "mlp": ((1, 8, 8), 10, {}, lambda g: torch.randn(4, 1, 8, 8, generator=g, dtype=torch.float64)),
     "lenet5": ((1, 28, 28), 10, {}, lambda g: torch.randn(4, 1, 28, 28, generator=g, dtype=torch.float64)),
     "resnet18": ((3, 16, 16), 4, {"width": 2}, lambda g: torch.randn(4, 3, 16, 16, generator=g, dtype=torch.float64)),
+    "vgg11": ((3, 8, 8), 4, {}, lambda g: torch.randn(4, 3, 8, 8, generator=g, dtype=torch.float64)),
     "transformer": ((8,), 32, {"layers": 1, "width": 16, "heads": 2},
                     lambda g: torch.randint(0, 32, (4, 8), generator=g)),
 }
@@ -53,6 +54,11 @@ def requests_for(name: str, engine: GradientEngine, gen: torch.Generator, worker
     return out
 
 
+def test_every_built_in_model_is_checked():
+    """``batched = true`` must work on every built-in model: a new one joins MODELS above."""
+    assert set(MODELS) == set(BUILT_IN)
+
+
 @pytest.mark.parametrize("workers", [1, 3, 16])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_batched_gradients_buffer_changes_and_losses_equal_the_loops(name: str, workers: int):
@@ -65,7 +71,7 @@ def test_batched_gradients_buffer_changes_and_losses_equal_the_loops(name: str, 
         assert torch.allclose(b_grad, grad, rtol=0, atol=1e-10)
         assert torch.allclose(b_delta, delta, rtol=0, atol=1e-10)
         assert b_loss == pytest.approx(loss, abs=1e-10)
-    if name == "resnet18":  # the running statistics moved, and the batched path kept the move
+    if name in ("resnet18", "vgg11"):  # the running statistics moved, and the batched path kept the move
         assert all(float(d.abs().max()) > 1e-3 for _, d, _ in batched)
 
 
