@@ -30,12 +30,15 @@ def test_a_single_gradient_or_no_signal_gives_no_value():
 
 
 @settings(max_examples=10, deadline=None)
-@given(workers=st.integers(2, 8), batch=st.sampled_from([1, 4, 16]), sigma=st.floats(0.2, 3.0),
+@given(workers=st.integers(2, 8), batch=st.sampled_from([1, 4, 16]), sigma=st.floats(0.2, 1.0),
        seed=st.integers(0, 1000))
 def test_the_estimate_recovers_the_noise_scale_of_gaussian_gradients(
         workers: int, batch: int, sigma: float, seed: int):
     """Per-sample gradients G + N(0, sigma^2 I) in d dimensions: B_noise = d sigma^2 / |G|^2; a worker's
-    gradient is the mean of ``batch`` of them. 400 rounds estimate it within 15%."""
+    gradient is the mean of ``batch`` of them. 400 rounds estimate it within 15% while a gradient's noise is
+    at most 4x its signal (sigma <= 1: the worst case, 2 workers of batch 1, stayed within 0.92..1.10 over 100
+    seeds); at 36x (sigma 3) 400 rounds are far too few (0.60..3.6), which is a property of the estimate, not
+    of this code."""
     gen = torch.Generator().manual_seed(seed)
     d, true = 50, torch.full((50,), 0.5)
     meter = NoiseScale(batch)
