@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The evidence studies still to run, in order, each resumable: a cut-off study picks up where it stopped
+# (compare's --resume keeps every finished run whose config is the same by value). Runs go to
+# runs/evidence/ of the folder this is started from; results to benchmarks/results/.
+#
+#   nohup benchmarks/studies.sh >> /tmp/studies.log 2>&1 &    # from the project root, or a worktree of it
+#   benchmarks/studies.sh --list                              # what it would run, in order
+#
+# Two runs at a time (--jobs 2: this machine's two cores). A study's results file is written when all its
+# runs are done; write it at a clean commit (its JSON records the commit and whether the tree was dirty).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-$(pwd)/.venv/bin/python}"
+STUDIES=(
+  "lowcomm.py lm-1g"               # issue 40: Streaming DiLoCo, post-local, AdaComm, SIM; the transformer
+  "balance.py lm-lognormal"        # issue 39 (and 38's lm-lognormal-iid baselines): lognormal speeds
+  "lowcomm.py shapes-1g"           # issue 40 on the image workload
+  "balance.py shapes-tiers"        # issue 39 on the image workload
+  "evidence.py lm-tiers-by_source" # issue 38: non-IID
+  "evidence.py lm-tiers-compression"
+)
+if [[ "${1:-}" == "--list" ]]; then
+  printf '%s\n' "${STUDIES[@]}"
+  exit 0
+fi
+for study in "${STUDIES[@]}"; do
+  echo "== $(date -u +%FT%TZ) benchmarks/$study"
+  # shellcheck disable=SC2086  # the script and the study name are two words
+  PYTHONPATH=src "$PYTHON" benchmarks/$study --jobs 2 --resume
+done
