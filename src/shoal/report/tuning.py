@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from shoal.config import parse_override
 from shoal.errors import ConfigError
@@ -140,8 +139,15 @@ def mann_whitney(mine: Sequence[float | None], base: Sequence[float | None]) -> 
 
     with warnings.catch_warnings():  # all-equal samples: scipy warns and returns p = 1, which is right
         warnings.simplefilter("ignore")
-        p = stats.mannwhitneyu(times(mine), times(base), alternative="two-sided").pvalue
+        p = _stats().mannwhitneyu(times(mine), times(base), alternative="two-sided").pvalue
     return None if math.isnan(p) else round(float(p), 6)
+
+
+def _stats() -> Any:
+    """scipy.stats, imported on first use: at the top it would cost every CLI start most of a second."""
+    from scipy import stats
+
+    return stats
 
 
 def _bootstrap(samples: tuple[Sequence[float], ...], statistic: Any, seed: int) -> np.ndarray:
@@ -150,7 +156,7 @@ def _bootstrap(samples: tuple[Sequence[float], ...], statistic: Any, seed: int) 
     turning into NaN in an interpolated percentile."""
     with warnings.catch_warnings():  # scipy's own interval (unused) warns on ties and infinities
         warnings.simplefilter("ignore")
-        result = stats.bootstrap(tuple(np.asarray(x, dtype=float) for x in samples), statistic, vectorized=True,
+        result = _stats().bootstrap(tuple(np.asarray(x, dtype=float) for x in samples), statistic, vectorized=True,
                                  paired=False, n_resamples=BOOTSTRAP_SAMPLES, method="percentile",
                                  rng=np.random.default_rng(seed))
     return np.sort(result.bootstrap_distribution)
