@@ -105,6 +105,14 @@ def test_import_shoal_stays_light():
     assert done.stdout.strip() == "False"
 
 
+def test_the_cli_starts_without_torch_or_scipy_stats():
+    """`shoal --help`, `shoal route` and config errors answer in a fraction of a second: the heavy modules load
+    where they are used."""
+    code = "import sys, shoal.cli; print(sorted(m for m in ('torch', 'scipy.stats') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stderr[-500:]
+
+
 def test_a_run_can_start_from_the_weights_an_earlier_run_ended_with(tmp_path):
     first = shoal.train(overrides=FAST, out=tmp_path / "first", progress=False)
     overrides = FAST + [f"model.init_from={json.dumps(str(tmp_path / 'first'))}"]
