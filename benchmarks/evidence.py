@@ -34,6 +34,8 @@ LOGNORMAL_16 = ["cluster.workers=16", "cluster.profile=lognormal", "cluster.logn
 LM = {"config": "examples/stdlib_lm.toml", "sets": ["run.max_time_s=400", "run.max_iterations=10000",
                                                    "backend.log_iterations=false"]}
 SCHEMES = "bsp,asp,ssp,gssp,localsgd,diloco"
+#: the BN image workload (docs/workloads.md); a run costs about twice a transformer run on this CPU
+SHAPES = {"config": "examples/shapes_bn.toml", "sets": ["run.max_time_s=400", "backend.log_iterations=false"]}
 
 #: study name -> the config, its overrides and the schemes compared
 STUDIES: dict[str, dict[str, Any]] = {
@@ -45,6 +47,8 @@ STUDIES: dict[str, dict[str, Any]] = {
                          "title": "byte transformer on the stdlib, 16 lognormal workers (sigma 1), IID"},
     "lm-tiers-compression": {**LM, "sets": LM["sets"] + [TIERS_16], "schemes": "bsp,bsp+topk,bsp+powersgd,gssp+gdtopk,bsp+ina",
                              "title": "byte transformer on the stdlib, 16 tiered workers: compression and in-network aggregation"},
+    "shapes-tiers-iid": {**SHAPES, "sets": SHAPES["sets"] + [TIERS_16], "schemes": SCHEMES,
+                         "title": "BN ResNet-18 (width 16) on shapes, 16 workers in four speed tiers, IID"},
 }
 for _name, _study in STUDIES.items():
     _study["folder"] = _name  # runs/evidence/STUDY

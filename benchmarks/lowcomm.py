@@ -43,8 +43,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from balance import SHAPES, pairwise
-from evidence import LM, compare_study, markdown as evidence_markdown, strip, study_args
+from balance import pairwise
+from evidence import LM, SHAPES, compare_study, markdown as evidence_markdown, strip, study_args
 from tuned import provenance, write_results
 
 ONE_GBIT = ["cluster.link_gbps=1", "cluster.server_gbps=1"]

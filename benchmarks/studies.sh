@@ -12,12 +12,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$(pwd)/.venv/bin/python}"
 STUDIES=(
-  "lowcomm.py lm-1g"               # issue 40: Streaming DiLoCo, post-local, AdaComm, SIM; the transformer
-  "balance.py lm-lognormal"        # issue 39 (and 38's lm-lognormal-iid baselines): lognormal speeds
-  "lowcomm.py shapes-1g"           # issue 40 on the image workload
-  "balance.py shapes-tiers"        # issue 39 on the image workload
-  "evidence.py lm-tiers-by_source" # issue 38: non-IID
-  "evidence.py lm-tiers-compression"
+  "lowcomm.py lm-1g"                 # issue 40: Streaming DiLoCo, post-local, AdaComm, SIM; the transformer
+  "lowcomm.py shapes-1g"             # issue 40 on the image workload
+  "balance.py shapes-tiers"          # issue 39 on the image workload (bsp, asp, bsp+balance)
+  "balance.py lm-lognormal"          # issue 39, and issue 38's lm-lognormal-iid baselines
+  "balance.py shapes-lognormal"      # issue 39
+  "evidence.py lm-tiers-by_source"   # issue 38: non-IID
+  "evidence.py lm-tiers-compression" # issue 38: compression and GRID in training
+  "evidence.py shapes-tiers-iid"     # issue 38 on the image workload (shares bsp and asp with shapes-tiers)
 )
 if [[ "${1:-}" == "--list" ]]; then
   printf '%s\n' "${STUDIES[@]}"
