@@ -136,8 +136,8 @@ def test_every_declared_model_data_set_and_format_imports_and_naming_them_needs_
 
 @pytest.mark.parametrize("name, shape", [("resnet18", (3, 16, 16)), ("transformer", (16,))])
 def test_evaluation_in_small_batches_on_the_cpu_gives_the_large_batches_metric(name: str, shape: tuple[int, ...]):
-    """Evaluation runs 64 examples a pass on the CPU (cache-sized, several times faster than 1024): the metric is
-    the one-pass metric to float rounding."""
+    """Evaluation runs 64 examples a pass on the CPU (cache-sized, faster than 1024: benchmarks/eval_batch.py):
+    the metric is the one-pass metric to float rounding."""
     from shoal.engine.gradients import EVAL_BATCH_CPU, GradientEngine
 
     torch.manual_seed(0)
