@@ -291,6 +291,7 @@ def test_a_time_to_target_spanning_fewer_than_twenty_evaluations_is_warned_about
     rows = [{"scheme": "bsp", "time_to_target_s": 10.0, "iterations": 4000},
             {"scheme": "asp", "time_to_target_s": 50.0, "iterations": 9000}, {"scheme": "ssp", "time_to_target_s": None}]
     by_time = resolution_warnings(rows, load_config(None, ["run.eval_every_s=2"]))
-    assert len(by_time) == 1 and by_time[0].startswith("bsp: its time to target spans 5 evaluations (every 2 s)")
+    assert len(by_time) == 1 and by_time[0].startswith("resolution: bsp's time to target spans 5 evaluations "
+                                                       "(every 2 s)")
     by_iterations = resolution_warnings(rows, load_config(None, ["run.eval_every_iterations=250"]))
-    assert [w.split(":")[0] for w in by_iterations] == ["bsp"]  # 4000 / 250 = 16 < 20; 9000 / 250 = 36
+    assert [w.split("'")[0] for w in by_iterations] == ["resolution: bsp"]  # 4000 / 250 = 16 < 20; 9000 / 250 = 36

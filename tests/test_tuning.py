@@ -130,6 +130,29 @@ def test_compare_tunes_on_development_seeds_and_reports_the_evaluation_seeds_aft
         assert row["versus"] in ("bsp", "asp", "localsgd@optimizer.lr=0.2") and "p_value" in row
 
 
+def test_a_kept_value_at_the_edge_of_its_grid_is_named():
+    from shoal.report.tuning import grid_edges
+
+    assert grid_edges({"h": [2, 8, 32]}, {"h": 32}) == [("h", 32, "largest")]
+    assert grid_edges({"h": [8, 2, 32]}, {"h": 2}) == [("h", 2, "smallest")]
+    assert grid_edges({"h": [2, 8, 32]}, {"h": 8}) == []
+    assert grid_edges({"lr": [0.1, 0.2]}, {"lr": 0.2}) == []  # two values: every choice is an edge
+    assert grid_edges({"order": ["a", "b", "c"]}, {"order": "c"}) == []  # no order among names
+    assert grid_edges({"h": [2, 8, 32], "lr": [1, 2, 3]}, {"h": 2, "lr": 3}) == [("h", 2, "smallest"),
+                                                                                ("lr", 3, "largest")]
+
+
+def test_compare_warns_when_a_scheme_kept_the_edge_of_its_grid(tuned):
+    out, data = tuned
+    local = next(r for r in data["rows"] if r["scheme"].startswith("localsgd"))
+    at_edge = local["tuned"]["sync.localsgd.local_steps"] in (2, 32)
+    warned = [w for w in data["warnings"] if w.startswith("tuning:")]
+    assert len(warned) == at_edge  # the lr grids have two values: never named
+    if at_edge:
+        assert warned[0].startswith("tuning: localsgd@optimizer.lr=0.2 kept sync.localsgd.local_steps = ")
+        assert "value of its grid [2, 8, 32]: its best may lie beyond" in (out / "report.html").read_text()
+
+
 def test_the_report_shows_the_tuned_values_and_the_grid(tuned):
     out, data = tuned
     page = (out / "report.html").read_text()

@@ -25,7 +25,7 @@ from shoal.errors import ConfigError
 from shoal.report.rows import add_significance, add_speedups, seeds_row, single_row, tuning_entry
 from shoal.report.protocol import Protocol
 from shoal.report.schemes import Scheme, parse_schemes
-from shoal.report.tuning import choose, grid_points, parse_tune, point_label
+from shoal.report.tuning import choose, grid_edges, grid_points, parse_tune, point_label
 
 console = Console(stderr=True)
 
@@ -95,7 +95,7 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
     with console.status("drawing the plots and writing report.html") if not quiet else nullcontext():
         report = write_report(out)
     for warning in result["warnings"] if not quiet else []:
-        console.print(f"[yellow]warning:[/] resolution: {warning}")
+        console.print(f"[yellow]warning:[/] {warning}")
     return result, report
 
 
@@ -426,6 +426,7 @@ def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], proto
             row["pinned"] = dict(runs[0][0].pinned)
         rows.append(row)
     schemes = {s.name: s for s in parsed}
+    grids = {n: protocol.scheme_grid(schemes[n]) for n in names if n in schemes} if protocol.tune_seeds else {}
     first = plan[0].cfg
     return {
         "command": command,
@@ -436,14 +437,14 @@ def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], proto
         "tune_seeds": protocol.tune_seeds,
         "tuning_seeds": protocol.tuning_seeds(base_seed),
         "eval_seeds": protocol.eval_seeds(base_seed),
-        "grids": {n: protocol.scheme_grid(schemes[n]) for n in names if n in schemes} if protocol.tune_seeds else {},
+        "grids": grids,
         "backend": first.backend.name,
         "metric": first.task.metric,
         "target": first.run.target,
         "target_accuracy": first.run.target_accuracy,
         "max_time_s": first.run.max_time_s,
         "rows": add_significance(add_speedups(rows), {n for n, s in schemes.items() if s.baseline}),
-        "warnings": resolution_warnings(rows, first),
+        "warnings": resolution_warnings(rows, first) + tuning_warnings(rows, grids),
     }
 
 
@@ -463,8 +464,19 @@ def resolution_warnings(rows: list[dict[str, Any]], cfg: Config) -> list[str]:
         ticks = (row.get("iterations") or 0) / every_it if every_it else ttt / every_s
         if ticks < MIN_EVALUATIONS:
             unit = f"every {every_it} iterations" if every_it else f"every {every_s:g} s"
-            warnings.append(f"{row['scheme']}: its time to target spans {ticks:.0f} evaluations ({unit}), fewer than "
+            warnings.append(f"resolution: {row['scheme']}'s time to target spans {ticks:.0f} evaluations ({unit}), fewer than "
                             f"{MIN_EVALUATIONS}; evaluate more often (run.eval_every_s or run.eval_every_iterations)")
+    return warnings
+
+
+def tuning_warnings(rows: list[dict[str, Any]], grids: dict[str, dict[str, list[Any]]]) -> list[str]:
+    """Schemes that kept the smallest or largest value of a grid: their best may lie beyond it."""
+    warnings = []
+    for row in rows:
+        for key, value, side in grid_edges(grids.get(row["scheme"], {}), row.get("tuned") or {}):
+            warnings.append(f"tuning: {row['scheme']} kept {key} = {value}, the {side} value of its grid "
+                            f"{grids[row['scheme']][key]}: its best may lie beyond the grid; widen it (and every "
+                            "other scheme's by as many points)")
     return warnings
 
 

@@ -60,6 +60,22 @@ def point_label(point: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in point.items()) or "default"
 
 
+def grid_edges(grid: dict[str, list[Any]], point: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    """The keys whose kept value is the smallest or largest of a numeric grid of three or more values, as (key,
+    value, "smallest" | "largest"): the best may then lie beyond the grid, which a fair comparison should say
+    (with two values every choice is an edge, so those are not flagged)."""
+    edges = []
+    for key, value in point.items():
+        values = [v for v in grid.get(key, []) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(set(values)) < 3 or value not in values:
+            continue
+        if value == min(values):
+            edges.append((key, value, "smallest"))
+        elif value == max(values):
+            edges.append((key, value, "largest"))
+    return edges
+
+
 def median_time(times: Sequence[float | None]) -> float | None:
     """Median time to target where None (not reached) counts as infinity; None if the median is unreached."""
     if not times:
