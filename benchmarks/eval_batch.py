@@ -65,7 +65,8 @@ def markdown(record: dict[str, Any]) -> str:
              "|---|---:|" + "---:|" * len(batches) + "---:|"]
     for name, r in record["workloads"].items():
         cells = [f"{r['median_s'][b]:.2f} s ({r['speedup_vs_first'][b]:.2f}x)" for b in batches]
-        lines.append(f"| {name} | {r['examples']} | " + " | ".join(cells) + f" | {r['max_relative_metric_change']:.1e} |")
+        change = f"{r['max_relative_metric_change']:.1e}"
+        lines.append(f"| {name} | {r['examples']} | " + " | ".join(cells) + f" | {change} |")
     return "\n".join(lines) + "\n"
 
 

@@ -63,7 +63,7 @@ STUDIES: dict[str, dict[str, Any]] = {
     # workloads only (SIM against the low-communication schemes, Streaming DiLoCo against BSP and DiLoCo)
     "shapes-1g": {**SHAPES, "sets": SHAPES["sets"] + ONE_GBIT, "folder": "lowcomm-shapes-1g",
                   "schemes": f"bsp,localsgd,diloco,{STREAMING},bsp+sim",
-                  "title": "BN ResNet-18 (width 16) on the shapes stand-in, 16 equal workers, 1 Gbit/s links and server"},
+                  "title": "BN ResNet-18 (width 16) on shapes, 16 equal workers, 1 Gbit/s links and server"},
 }
 
 
@@ -93,7 +93,8 @@ def answers_of(result: dict[str, Any], out: Path) -> dict[str, Any]:
         answers["fp4_at_target"] = quality_at_target(out, rows[FP4], rows[STREAMING], result.get("target"))
     for key, scheme in (("post_local_vs_localsgd", POST_LOCAL), ("adacomm_vs_localsgd", ADACOMM)):
         if scheme in rows:
-            answers[key] = {**pairwise(result, scheme, "localsgd"), "bytes": bytes_ratio(rows[scheme], rows["localsgd"])}
+            answers[key] = {**pairwise(result, scheme, "localsgd"),
+                            "bytes": bytes_ratio(rows[scheme], rows["localsgd"])}
     if ORDERED in rows:
         answers["least_similar_vs_staggered"] = pairwise(result, ORDERED, STREAMING)
     low = [s for s in LOW_COMM if s in rows]

@@ -138,8 +138,8 @@ def test_a_kept_value_at_the_edge_of_its_grid_is_named():
     assert grid_edges({"h": [2, 8, 32]}, {"h": 8}) == []
     assert grid_edges({"lr": [0.1, 0.2]}, {"lr": 0.2}) == []  # two values: every choice is an edge
     assert grid_edges({"order": ["a", "b", "c"]}, {"order": "c"}) == []  # no order among names
-    assert grid_edges({"h": [2, 8, 32], "lr": [1, 2, 3]}, {"h": 2, "lr": 3}) == [("h", 2, "smallest"),
-                                                                                ("lr", 3, "largest")]
+    both = grid_edges({"h": [2, 8, 32], "lr": [1, 2, 3]}, {"h": 2, "lr": 3})
+    assert both == [("h", 2, "smallest"), ("lr", 3, "largest")]
 
 
 def test_compare_warns_when_a_scheme_kept_the_edge_of_its_grid(tuned):

@@ -464,8 +464,9 @@ def resolution_warnings(rows: list[dict[str, Any]], cfg: Config) -> list[str]:
         ticks = (row.get("iterations") or 0) / every_it if every_it else ttt / every_s
         if ticks < MIN_EVALUATIONS:
             unit = f"every {every_it} iterations" if every_it else f"every {every_s:g} s"
-            warnings.append(f"resolution: {row['scheme']}'s time to target spans {ticks:.0f} evaluations ({unit}), fewer than "
-                            f"{MIN_EVALUATIONS}; evaluate more often (run.eval_every_s or run.eval_every_iterations)")
+            warnings.append(f"resolution: {row['scheme']}'s time to target spans {ticks:.0f} evaluations ({unit}), "
+                            f"fewer than {MIN_EVALUATIONS}; evaluate more often (run.eval_every_s or "
+                            "run.eval_every_iterations)")
     return warnings
 
 

@@ -172,9 +172,9 @@ def _bootstrap(samples: tuple[Sequence[float], ...], statistic: Any, seed: int) 
     turning into NaN in an interpolated percentile."""
     with warnings.catch_warnings():  # scipy's own interval (unused) warns on ties and infinities
         warnings.simplefilter("ignore")
-        result = _stats().bootstrap(tuple(np.asarray(x, dtype=float) for x in samples), statistic, vectorized=True,
-                                 paired=False, n_resamples=BOOTSTRAP_SAMPLES, method="percentile",
-                                 rng=np.random.default_rng(seed))
+        result = _stats().bootstrap(tuple(np.asarray(x, dtype=float) for x in samples), statistic,
+                                    vectorized=True, paired=False, n_resamples=BOOTSTRAP_SAMPLES,
+                                    method="percentile", rng=np.random.default_rng(seed))
     return np.sort(result.bootstrap_distribution)
 
 
