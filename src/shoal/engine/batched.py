@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from shoal.engine.gradients import GradientEngine, seeded
+from shoal.engine.gradients import GradientEngine, mix_seeds, seeded
 
 
 @dataclass
@@ -57,10 +57,7 @@ def call_seed(requests: list[Request]) -> int | None:
     seeds = [r.seed for r in requests]
     if all(s is None for s in seeds):
         return None
-    combined = 0
-    for s in seeds:
-        combined = (combined * 1_000_003 + (s if s is not None else 0)) % (2**63 - 1)
-    return combined
+    return mix_seeds(*(0 if s is None else s for s in seeds))
 
 
 class BatchedGradients:

@@ -41,7 +41,15 @@ def worker_seed(run_seed: int, worker: int, step: int) -> int:
     the worker and its step alone, so in the loop a worker's masks do not depend on which workers computed
     before it (the event order). A batched call draws all its workers' masks from one stream seeded by
     theirs (engine/batched.py): a mask per worker, reproducible, but not the loop's."""
-    return ((run_seed * 1_000_003 + worker) * 1_000_003 + step) % (2**63 - 1)
+    return mix_seeds(run_seed, worker, step)
+
+
+def mix_seeds(*parts: int) -> int:
+    """One 63-bit seed from several integers, in order (a polynomial hash: different tuples, different seeds)."""
+    combined = 0
+    for part in parts:
+        combined = (combined * 1_000_003 + part) % (2**63 - 1)
+    return combined
 
 
 @contextmanager
