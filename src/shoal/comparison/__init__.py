@@ -1,0 +1,92 @@
+"""Comparing schemes: plan every (scheme, grid point, seed) run, check it all, run them, write compare.json.
+
+The library behind ``shoal compare`` and ``shoal.compare``, in three roles:
+``plan`` (validate every run and the output folder up front), ``execute``
+(run the plan, resumable, one or several at a time) and ``results``
+(compare.json with its provenance). Every scheme's config (and every
+seed's) is validated, and the output folder checked, before the first run
+starts, so a typo in the last scheme never costs the runs before it.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from shoal.comparison.execute import Interrupted, RunsProgress, console, execute, finished_summary
+from shoal.comparison.plan import (RUN_FILES, PlannedRun, check_backends, check_compare_dir, chosen_point,
+                                   command_line, evaluation_runs, plan_runs)
+from shoal.comparison.results import build_compare, cpu_model, provenance, resolution_warnings
+from shoal.config import load_config
+from shoal.errors import ConfigError
+from shoal.report.protocol import Protocol
+from shoal.report.schemes import Scheme, parse_schemes
+from shoal.report.tuning import parse_tune
+
+__all__ = ["Interrupted", "PlannedRun", "Protocol", "RUN_FILES", "build_compare", "command_line", "cpu_model",
+           "evaluation_runs", "finished_summary", "plan_runs", "provenance", "resolution_warnings", "run_comparison"]
+
+
+def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: list[str], out: Path, overwrite: bool,
+                   quiet: bool, tune: list[str], command: str | None = None, tune_seeds: int = 0,
+                   own_knobs: bool = True, jobs: int = 1, resume: bool = False) -> tuple[dict[str, Any], Path]:
+    """Validate everything, tune on the development seeds, run the evaluation seeds, write compare.json and
+    report.html."""
+    protocol = Protocol(seeds, tune_seeds, parse_tune(tune), own_knobs)
+    parsed = parse_schemes(schemes)
+    base_seed = load_config(config, overrides).run.seed
+    plan = plan_runs(config, parsed, protocol, overrides, base_seed)
+    eval_dirs = [protocol.eval_dir(s.name, k - base_seed) for s in parsed for k in protocol.eval_seeds(base_seed)]
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: must be at least 1")
+    check_compare_dir(out, plan, overwrite or resume, eval_dirs)
+    check_backends(plan)
+    from shoal.runner import make_out_dir
+
+    make_out_dir(out)
+    command = command or command_line(config, schemes, seeds, overrides, None, out, tune, tune_seeds, own_knobs)
+    total = len(plan) + (len(eval_dirs) if protocol.tune_seeds else 0)
+    tuning: list[tuple[PlannedRun, dict[str, Any]]] = []
+    try:
+        with RunsProgress(total, quiet) as progress:
+            summaries = execute(plan, out, progress, jobs, resume)
+            if protocol.tune_seeds:
+                tuning = list(zip(plan, summaries))
+                plan = [run for s in parsed for run in evaluation_runs(config, s, protocol, overrides,
+                                                                       chosen_point(tuning, s.name), base_seed)]
+                summaries = execute(plan, out, progress, jobs, resume)
+    except Interrupted as stop:
+        _write_interrupted(out, stop, protocol, command, tuning, base_seed, parsed)
+        raise
+    result = build_compare(plan, summaries, protocol, command, tuning, base_seed, parsed)
+    from shoal.engine.metrics import write_json_atomic
+    from shoal.report.html import write_report
+
+    write_json_atomic(out / "compare.json", result)
+    with console.status("drawing the plots and writing report.html") if not quiet else nullcontext():
+        report = write_report(out)
+    for warning in result["warnings"] if not quiet else []:
+        console.print(f"[yellow]warning:[/] {warning}")
+    return result, report
+
+
+def _write_interrupted(out: Path, stop: Interrupted, protocol: Protocol, command: str,
+                       tuning: list[tuple["PlannedRun", dict[str, Any]]], base_seed: int, parsed: list[Scheme]) -> None:
+    """compare.json of an interrupted comparison: the rows of the runs that finished, marked ``interrupted``
+    (no report: its rows would compare unequal numbers of seeds). ``--resume`` goes on from here."""
+    from shoal.engine.metrics import write_json_atomic
+
+    done = sorted(stop.finished)
+    cut = {stop.plan[i].scheme for i in stop.cut} | {p.scheme for i, p in enumerate(stop.plan) if i not in done}
+    result: dict[str, Any] = {"command": command, "interrupted": True, "rows": []}
+    if done:
+        ran = [s for s in parsed if any(stop.plan[i].scheme == s.name for i in done)]
+        result = build_compare([stop.plan[i] for i in done], [stop.finished[i] for i in done], protocol, command,
+                               tuning, base_seed, ran)
+        result["interrupted"] = True
+    for row in result["rows"]:
+        row["interrupted"] = row["scheme"] in cut
+    result["interrupted_runs"] = [stop.plan[i].run_dir for i in stop.cut]
+    result["runs_finished"], result["runs_planned"] = len(done), len(stop.plan)
+    write_json_atomic(out / "compare.json", result)

@@ -1,0 +1,163 @@
+"""compare.json: one row per scheme with its interval and p-value, the protocol, the warnings a reader needs,
+and where the numbers came from (commit, frozen defaults, CPU)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from shoal.comparison.plan import PlannedRun, tuning_entries
+from shoal.config import Config
+from shoal.report.protocol import Protocol
+from shoal.report.rows import add_significance, add_speedups, seeds_row, single_row
+from shoal.report.schemes import Scheme
+from shoal.report.tuning import grid_edges
+
+
+def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], protocol: Protocol, command: str,
+                  tuning: list[tuple[PlannedRun, dict[str, Any]]] = (), base_seed: int = 0,
+                  parsed: list[Scheme] = ()) -> dict[str, Any]:
+    """compare.json: what was compared and how, and one row per scheme (its evaluation seeds at its kept point) with
+    the speed-up over BSP and the p-value against the best baseline."""
+    names = list(dict.fromkeys(p.scheme for p in plan))
+    rows = []
+    for name in names:
+        runs = [(p, s) for p, s in zip(plan, summaries) if p.scheme == name]
+        if len(runs) == 1:
+            row = single_row(name, runs[0][1], runs[0][0].run_dir)
+        else:
+            row = seeds_row(name, [s for _, s in runs], [p.run_dir for p, _ in runs], [p.seed for p, _ in runs])
+        if protocol.tune_seeds:
+            row["tuned"] = dict(runs[0][0].point)
+            row["tuning"] = tuning_entries(list(tuning), name)
+        if runs[0][0].pinned:
+            row["pinned"] = dict(runs[0][0].pinned)
+        rows.append(row)
+    schemes = {s.name: s for s in parsed}
+    grids = {n: protocol.scheme_grid(schemes[n]) for n in names if n in schemes} if protocol.tune_seeds else {}
+    first = plan[0].cfg
+    return {
+        "command": command,
+        "provenance": provenance(),
+        "schemes": names,
+        "seeds": protocol.seeds,
+        "tune": protocol.grid,
+        "tune_seeds": protocol.tune_seeds,
+        "tuning_seeds": protocol.tuning_seeds(base_seed),
+        "eval_seeds": protocol.eval_seeds(base_seed),
+        "grids": grids,
+        "backend": first.backend.name,
+        "metric": first.task.metric,
+        "target": first.run.target,
+        "target_accuracy": first.run.target_accuracy,
+        "max_time_s": first.run.max_time_s,
+        "rows": add_significance(add_speedups(rows), {n for n, s in schemes.items() if s.baseline}),
+        "warnings": resolution_warnings(rows, first) + tuning_warnings(rows, grids),
+    }
+
+
+#: evaluations a time to target needs before it means something (docs/fair-comparison.md)
+MIN_EVALUATIONS = 20
+
+
+def resolution_warnings(rows: list[dict[str, Any]], cfg: Config) -> list[str]:
+    """Rows whose time to target spans fewer than MIN_EVALUATIONS evaluations: one evaluation tick is then a large
+    share of the quantity compared."""
+    warnings = []
+    every_it, every_s = cfg.run.eval_every_iterations, cfg.run.eval_every_s
+    for row in rows:
+        ttt = row.get("time_to_target_s")
+        if ttt is None:
+            continue
+        ticks = (row.get("iterations") or 0) / every_it if every_it else ttt / every_s
+        if ticks < MIN_EVALUATIONS:
+            unit = f"every {every_it} iterations" if every_it else f"every {every_s:g} s"
+            warnings.append(f"resolution: {row['scheme']}'s time to target spans {ticks:.0f} evaluations ({unit}), "
+                            f"fewer than {MIN_EVALUATIONS}; evaluate more often (run.eval_every_s or "
+                            "run.eval_every_iterations)")
+    return warnings
+
+
+def tuning_warnings(rows: list[dict[str, Any]], grids: dict[str, dict[str, list[Any]]]) -> list[str]:
+    """Schemes that kept the smallest or largest value of a grid: their best may lie beyond it."""
+    warnings = []
+    for row in rows:
+        for key, value, side in grid_edges(grids.get(row["scheme"], {}), row.get("tuned") or {}):
+            warnings.append(f"tuning: {row['scheme']} kept {key} = {value}, the {side} value of its grid "
+                            f"{grids[row['scheme']][key]}: its best may lie beyond the grid; widen it (and every "
+                            "other scheme's by as many points)")
+    return warnings
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The processor's model name.
+
+    Training on real gradients is chaotic: last-bit differences between CPU
+    kernels grow into different trajectories, so a sim run repeats exactly
+    only on the same kind of CPU (docs/fair-comparison.md).
+    """
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance() -> dict[str, Any]:
+    """Which shoal, when and where a comparison ran (the report's footer)."""
+    import importlib.metadata
+    import platform
+
+    from shoal import __version__
+
+    return {"shoal": __version__, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
+            "python": platform.python_version(), "platform": platform.platform(terse=True),
+            "cpu": cpu_model(), "torch": importlib.metadata.version("torch"), **git_provenance()}
+
+
+#: where every default lives: the config sections (each key's default) and the schemes (their own grids)
+DEFAULT_PATHS = ("src/shoal/config", "src/shoal/sync")
+
+
+def defaults_digest() -> str:
+    """A hash of every default of the config and every scheme's own grid: two comparisons with the same digest ran
+    with the same defaults, whatever else changed in the code."""
+    import hashlib
+
+    from shoal.registry import SCHEMES
+
+    grids = {name: [list(k) for k in e.item.grid] for name, e in SCHEMES.entries().items()}
+    text = json.dumps([Config().model_dump(mode="json"), grids], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def git_provenance() -> dict[str, Any]:
+    """The commit of the code that ran, the commit at which the defaults were last changed (frozen), and the
+    defaults' digest.
+
+    ``defaults_dirty`` is true when the defaults' files have uncommitted
+    changes: such a results file was not produced with frozen defaults. The
+    commits are left out outside a git checkout of shoal (an installed wheel).
+    """
+    import subprocess
+
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists():
+        return {"defaults_digest": defaults_digest()}
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {"defaults_digest": defaults_digest(), "commit": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "src")),
+            "defaults_commit": git("log", "-1", "--format=%H", "--", *DEFAULT_PATHS) or None,
+            "defaults_dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", *DEFAULT_PATHS))}
