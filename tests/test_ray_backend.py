@@ -45,7 +45,7 @@ from conftest import FAST, ROOT, default_sigint, read_jsonl  # noqa: E402
 
 RAY = ["backend.name=ray", "backend.cpus_per_worker=0.25", "backend.cpus_per_server=0.25",
        "backend.checkpoint_every_s=0", "run.max_time_s=20"]
-SERVER = "sync.intra_group=server"  # the server path, whose fault tolerance and checkpoints a test checks
+SERVER_PATH = "sync.intra_group=server"  # the server path, whose fault tolerance and checkpoints a test checks
 CONTRACT = ("scheme", "backend", "final_accuracy", "best_accuracy", "target_accuracy", "time_to_target_s",
             "elapsed_s", "iterations", "bytes_up", "bytes_down", "groups", "per_worker")
 
@@ -386,7 +386,7 @@ def test_killed_worker_is_dropped_and_training_goes_on(ray_session):
     try:
         stream = io.StringIO()
         start = time.monotonic()
-        _, summary = run_backend(ray_config("run.target_accuracy=0.99", "run.max_time_s=4", SERVER), kill, stream)
+        _, summary = run_backend(ray_config("run.target_accuracy=0.99", "run.max_time_s=4", SERVER_PATH), kill, stream)
         wall = time.monotonic() - start
     finally:
         signal.alarm(0)
@@ -414,8 +414,9 @@ def test_a_stopped_worker_is_evicted_within_the_timeout_and_rejoins_when_it_answ
     signal.alarm(120)
     try:
         stream = io.StringIO()
-        _, summary = run_backend(ray_config("optimizer.lr=0.02", "run.target_accuracy=0.9", "run.stop_at_target=false",
-                                            "run.max_time_s=9", "backend.worker_timeout_s=2", SERVER), stop, stream)
+        cfg = ray_config("optimizer.lr=0.02", "run.target_accuracy=0.9", "run.stop_at_target=false",
+                         "run.max_time_s=9", "backend.worker_timeout_s=2", SERVER_PATH)
+        _, summary = run_backend(cfg, stop, stream)
     finally:
         signal.alarm(0)
     assert summary["time_to_target_s"] is not None  # the run reached its target through it all
@@ -469,7 +470,7 @@ def test_a_killed_bsp_server_is_replaced_from_the_checkpoint_and_the_run_reaches
     try:
         stream = io.StringIO()
         cfg = ray_config("optimizer.lr=0.02", "run.target_accuracy=0.85", "run.max_time_s=40",
-                         "backend.checkpoint_every_s=0.3", SERVER)
+                         "backend.checkpoint_every_s=0.3", SERVER_PATH)
         backend = RayBackend(build_setup(cfg), RunRecorder(stream=stream), lambda info: kill(backend, info),
                              out=tmp_path)
         summary = backend.run()
@@ -553,7 +554,7 @@ def test_failed_worker_restarts_from_its_groups_replica(ray_session):
 
 def test_checkpoint_stop_resume_reaches_target(ray_session, tmp_path):
     out = tmp_path / "run"
-    slow = ("optimizer.lr=0.02", "run.target_accuracy=0.85", SERVER)
+    slow = ("optimizer.lr=0.02", "run.target_accuracy=0.85", SERVER_PATH)
     first = train(ray_config(*slow, "run.max_time_s=0.6", "backend.checkpoint_every_s=0.2"), out)
     assert first["stop_reason"] == "time_budget" and first["time_to_target_s"] is None
     folder, state = checkpoint.latest(out / "checkpoint")
@@ -615,13 +616,13 @@ def test_a_resumed_gssp_run_goes_on_in_the_groups_of_its_checkpoint(ray_session,
 
 def test_resume_refuses_a_folder_without_checkpoint_and_a_checkpoint_of_the_other_backend(tmp_path):
     with pytest.raises(ConfigError, match="no checkpoint"):
-        train(ray_config(SERVER), tmp_path / "r", resume=tmp_path)
+        train(ray_config(SERVER_PATH), tmp_path / "r", resume=tmp_path)
     with pytest.raises(ConfigError, match="no checkpoint"):
         train(load_config(None, FAST), tmp_path / "r", resume=tmp_path)
     simulated = FAST + ["backend.sim_checkpoint_every_s=0.5", "run.max_time_s=1", "run.stop_at_target=false"]
     train(load_config(None, simulated), tmp_path / "sim")
     with pytest.raises(ConfigError, match="written by the sim backend; resume it with --backend sim"):
-        train(ray_config("run.max_time_s=2", SERVER), tmp_path / "sim", resume=tmp_path / "sim")
+        train(ray_config("run.max_time_s=2", SERVER_PATH), tmp_path / "sim", resume=tmp_path / "sim")
 
 
 # SIM with every tensor similar enough (threshold -1), so skipping certainly happens after a short warm-up
@@ -686,7 +687,7 @@ def test_a_cluster_that_cannot_hold_the_run_fails_fast_in_one_line_and_keeps_not
     try:  # 4 workers and a server at 0.25 CPU: 1.25 of the 2 CPUs the instance has, but only 0.5 are free
         start = time.monotonic()
         with pytest.raises(ConfigError, match=r"cannot place this run's actors \(4 workers x 0.25 CPU, 1 servers"):
-            run_backend(ray_config(SERVER))
+            run_backend(ray_config(SERVER_PATH))
         assert time.monotonic() - start < 20
         assert [pg["state"] for pg in ray.util.placement_group_table().values()].count("CREATED") == 1
     finally:
