@@ -111,7 +111,7 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         self._drain_sent: dict[int, float] = {}  # when each worker's pending drain was asked (liveness)
         self.reservation: Reservation | None = None  # the start-up actors' placement group (ray_placement)
         self.evaluator: Any = None
-        self._eval_pending: tuple[float, Any] | None = None
+        self._eval_pending: tuple[float, Any, list[Any] | None] | None = None  # (t, evaluation, states kept)
         self._speed_changes = sorted(self.cfg.cluster.speed_changes, key=lambda c: c.at_s)
         self._init_server_recovery()
         self._evicted: dict[int, tuple[Any, list[Any]]] = {}  # kept unresponsive workers: (pending drain, run refs)
@@ -284,16 +284,15 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         refs = self._state_refs()
         if not refs:  # the only server is being replaced
             return
-        self._eval_pending = (t, self.evaluator.evaluate.remote(*refs))
-        if not self.collective and not self._servers_down():
-            self._eval_states = (t, refs)  # kept: a dead server can be rebuilt from its last evaluated state
+        keep = refs if not self.collective and not self._servers_down() else None
+        self._eval_pending = (t, self.evaluator.evaluate.remote(*refs), keep)
         self._record_densities(t)
 
     def _collect_evaluation(self, wait_s: float = 0.0) -> None:
         """Record the evaluation in flight once it is done (at the time its states were taken)."""
         if self._eval_pending is None:
             return
-        t, ref = self._eval_pending
+        t, ref, keep = self._eval_pending
         if ray.wait([ref], timeout=wait_s)[0]:
             self._eval_pending = None
             try:
@@ -301,6 +300,8 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
             except ray.exceptions.RayActorError:  # a server died before handing out its state: skip this one
                 self.recorder.event("eval_skipped", t=round(t, 6), reason="a group server died")
                 return
+            if keep is not None:  # kept once evaluated (so every state exists): a dead server's possible new start
+                self._eval_states = (t, keep)
             self._record_evaluation(t, evaluation)
 
     def _evaluate(self, at: float | None = None) -> None:

@@ -12,7 +12,9 @@ state that survives, in this order:
    this differs from the dead replica only by the dead group's updates since
    its last exchange (and deltas in flight);
 2. the newest of the last checkpoint (replica and optimizer) and the last
-   state sent to the evaluator (parameters and buffers, a fresh optimizer);
+   state the evaluator evaluated (parameters and buffers, a fresh optimizer;
+   kept only once evaluated: a state asked of a server that died before
+   handing it out never existed, and must not hide the checkpoint);
 3. the initial state, when neither exists yet.
 
 What was lost is counted in worker gradients the dead server had applied
@@ -39,7 +41,7 @@ class ServerRecovery:
     def _init_server_recovery(self) -> None:
         self._applied: dict[int, list[float]] = {}  # per server index: times of the records its group pushed
         self._safe_t: dict[int, float] = {}  # per server: when its updates last left for the peers (exchange)
-        self._eval_states: tuple[float, list[Any]] | None = None  # the last states sent to the evaluator
+        self._eval_states: tuple[float, list[Any]] | None = None  # the last states the evaluator evaluated
         self._retired_totals: list[dict[str, Any]] = []  # counters of servers that died
         self._replacing: dict[Any, int] = {}  # ping of a replacement server still starting -> its group
         self._replacements: dict[int, tuple[Any, dict[str, Any], dict[str, Any], float]] = {}
