@@ -65,9 +65,7 @@ def main(argv: list[str]) -> None:
                       headline(records))
         return
     if args.list or not args.study:
-        for name, study in STUDIES.items():
-            done, planned = progress(name, args.seeds, args.tune_seeds)
-            print(f"{name}: {study['title']} ({study['schemes']}); {done} of {planned} runs done")
+        list_studies(STUDIES, args)
         return
     run_study(args)
 
@@ -96,10 +94,17 @@ def study_args(doc: str, studies: dict[str, dict[str, Any]], argv: list[str]) ->
     """``study_parser``'s arguments; None after --list or without a study named (the list is printed)."""
     args = study_parser(doc, studies).parse_args(argv)
     if args.list or not args.study:
-        for name, study in studies.items():
-            print(f"{name}: {study['title']}; runs in runs/evidence/{study['folder']}")
+        list_studies(studies, args)
         return None
     return args
+
+
+def list_studies(studies: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    """One line per study: what it compares, where its runs go and how many of them have finished."""
+    for name, study in studies.items():
+        done, planned = progress(study, args.seeds, args.tune_seeds)
+        print(f"{name}: {study['title']} ({study['schemes']}); {done} of {planned} runs done in "
+              f"runs/evidence/{study['folder']}")
 
 
 def compare_study(study: dict[str, Any], args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
@@ -107,21 +112,31 @@ def compare_study(study: dict[str, Any], args: argparse.Namespace) -> tuple[dict
     from shoal.comparison import run_comparison
 
     out = ROOT / "runs" / "evidence" / study["folder"]
-    result, _ = run_comparison(ROOT / study["config"], study["schemes"], args.seeds, list(study["sets"]), out,
-                               overwrite=False, quiet=False, tune=[], tune_seeds=args.tune_seeds, jobs=args.jobs,
-                               resume=args.resume)
+    sets, tune_seeds = study_protocol(study, args.tune_seeds)
+    result, _ = run_comparison(ROOT / study["config"], study["schemes"], args.seeds, sets, out, overwrite=False,
+                               quiet=False, tune=[], tune_seeds=tune_seeds, jobs=args.jobs, resume=args.resume)
     return result, out
 
 
-def progress(name: str, seeds: int, tune_seeds: int) -> tuple[int, int]:
-    """Finished runs of a study in runs/evidence/NAME (under the planned configs) and how many it plans."""
+def study_protocol(study: dict[str, Any], tune_seeds: int) -> tuple[list[str], int]:
+    """The study's overrides and development seeds. A study whose schemes have no knobs (``untuned``) has no
+    development seeds; its evaluation seeds are still those of every other study, the ones after the
+    development seeds (``run.seed`` moved past them), so its runs pair with theirs seed for seed."""
+    if not study.get("untuned"):
+        return list(study["sets"]), tune_seeds
+    return list(study["sets"]) + [f"run.seed={tune_seeds}"], 0
+
+
+def progress(study: dict[str, Any], seeds: int, tune_seeds: int) -> tuple[int, int]:
+    """Finished runs of a study in runs/evidence/FOLDER (under the planned configs) and how many it plans."""
     from shoal.comparison import Protocol, evaluation_runs, finished_summary, plan_runs
     from shoal.report.schemes import parse_schemes
 
-    study, out = STUDIES[name], ROOT / "runs" / "evidence" / name
-    config, sets, schemes = ROOT / study["config"], list(study["sets"]), parse_schemes(study["schemes"])
+    out = ROOT / "runs" / "evidence" / study["folder"]
+    sets, tune_seeds = study_protocol(study, tune_seeds)
+    config, schemes = ROOT / study["config"], parse_schemes(study["schemes"])
     protocol = Protocol(seeds, tune_seeds)
-    tuning = plan_runs(config, schemes, protocol, sets)
+    tuning = plan_runs(config, schemes, protocol, sets) if tune_seeds else []  # without: the evaluation plan
     done = sum(finished_summary(out / run.run_dir, run.cfg) is not None for run in tuning)
     evaluation = [run for s in schemes for run in evaluation_runs(config, s, protocol, sets, {})]
     done += sum((out / run.run_dir / "summary.json").exists() for run in evaluation)
@@ -177,7 +192,7 @@ def markdown(name: str, study: dict[str, Any], result: dict[str, Any]) -> str:
         f"`{result['command']}`", "",
         f"Target: {result['metric']} {'<=' if result['metric'] != 'accuracy' else '>='} "
         f"{result['target'] if result['target'] is not None else result['target_accuracy']}; "
-        f"tuned on development seeds {result['tuning_seeds']}, every number from evaluation seeds "
+        f"{_tuning(result)} number from evaluation seeds "
         f"{result['eval_seeds'][0]}..{result['eval_seeds'][-1]} ({len(result['eval_seeds'])}). "
         f"Code {str(prov.get('commit'))[:10]}{' (dirty)' if prov.get('dirty') else ''}; defaults frozen at "
         f"{str(prov.get('defaults_commit'))[:10]}{' (uncommitted changes!)' if prov.get('defaults_dirty') else ''}; "
@@ -195,6 +210,12 @@ def markdown(name: str, study: dict[str, Any], result: dict[str, Any]) -> str:
             f"| {row['scheme']} | {_point(row.get('tuned'))} | {_t(row['time_to_target_s'])} | {interval} | "
             f"{row.get('reached', 0)}/{len(row.get('seeds', []))} | {_p(row)} | {per_seed} |")
     return "\n".join(lines) + "\n"
+
+
+def _tuning(result: dict[str, Any]) -> str:
+    if result["tuning_seeds"]:
+        return f"tuned on development seeds {result['tuning_seeds']}, every"
+    return "no scheme has a knob to tune (no development seeds); every"
 
 
 def _p(row: dict[str, Any]) -> str:

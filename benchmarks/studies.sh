@@ -14,12 +14,13 @@ PYTHON="${PYTHON:-$(pwd)/.venv/bin/python}"
 STUDIES=(
   "lowcomm.py lm-1g"                 # issue 40: Streaming DiLoCo, post-local, AdaComm, SIM; the transformer
   "lowcomm.py shapes-1g"             # issue 40 on the image workload
-  "balance.py shapes-tiers"          # issue 39 on the image workload (bsp, asp, bsp+balance)
+  "balance.py shapes-tiers"          # issue 39 on the image workload: issue 38's six baselines + balanced BSP
+  "evidence.py shapes-tiers-iid"     # issue 38 on the image workload (every run shared with the one above)
   "balance.py lm-lognormal"          # issue 39, and issue 38's lm-lognormal-iid baselines
-  "balance.py shapes-lognormal"      # issue 39
+  "evidence.py lm-lognormal-iid"     # issue 38 (every run shared with the one above)
+  "balance.py shapes-lognormal"      # issue 39 (bsp, asp, bsp+balance: no knobs, evaluation seeds only)
   "evidence.py lm-tiers-by_source"   # issue 38: non-IID
   "evidence.py lm-tiers-compression" # issue 38: compression and GRID in training
-  "evidence.py shapes-tiers-iid"     # issue 38 on the image workload (shares bsp and asp with shapes-tiers)
 )
 if [[ "${1:-}" == "--list" ]]; then
   printf '%s\n' "${STUDIES[@]}"

@@ -1,0 +1,50 @@
+"""The benchmark studies' plans: every study of the queue (benchmarks/studies.sh) validates before it runs, so a
+queue of several hours cannot stop at its third study on a config error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import balance  # noqa: E402
+import evidence  # noqa: E402
+import lowcomm  # noqa: E402
+
+SCRIPTS = {"evidence.py": evidence.STUDIES, "balance.py": balance.STUDIES, "lowcomm.py": lowcomm.STUDIES}
+
+
+def queued() -> list[tuple[str, str]]:
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "studies.sh"), "--list"], capture_output=True, text=True,
+                          timeout=30, check=True)
+    return [tuple(line.split()) for line in done.stdout.splitlines()]
+
+
+def test_every_queued_study_exists():
+    for script, study in queued():
+        assert study in SCRIPTS[script], f"benchmarks/studies.sh queues {script} {study}, which does not exist"
+
+
+@pytest.mark.parametrize("script, study", [(s, n) for s, studies in SCRIPTS.items() for n in studies])
+def test_every_study_plans_without_error(script, study):
+    """Every run's config validates under the protocol the study runs with (what compare checks first)."""
+    from shoal.comparison import Protocol, plan_runs
+    from shoal.report.schemes import parse_schemes
+
+    spec = SCRIPTS[script][study]
+    sets, tune_seeds = evidence.study_protocol(spec, 2)
+    plan = plan_runs(ROOT / spec["config"], parse_schemes(spec["schemes"]), Protocol(10, tune_seeds), sets)
+    assert plan and len({p.run_dir for p in plan}) == len(plan)
+    seeds = {p.cfg.run.seed for p in plan}  # the first phase: development seeds, or the evaluation seeds untuned
+    assert seeds == ({0, 1} if tune_seeds else set(range(2, 12)))  # evaluation seeds 2-11 everywhere: runs pair up
+
+
+def test_a_study_without_knobs_runs_the_evaluation_seeds_of_the_others():
+    sets, tune_seeds = evidence.study_protocol(balance.STUDIES["shapes-lognormal"], 2)
+    assert tune_seeds == 0 and sets[-1] == "run.seed=2"
+    assert evidence.study_protocol(balance.STUDIES["shapes-tiers"], 2)[1] == 2
