@@ -209,6 +209,8 @@ def markdown(name: str, study: dict[str, Any], result: dict[str, Any]) -> str:
         lines.append(
             f"| {row['scheme']} | {_point(row.get('tuned'))} | {_t(row['time_to_target_s'])} | {interval} | "
             f"{row.get('reached', 0)}/{len(row.get('seeds', []))} | {_p(row)} | {per_seed} |")
+    if result.get("warnings"):  # what compare warned of (a grid edge kept, a coarse resolution) belongs in the file
+        lines += ["", "Warnings:", ""] + [f"- {w}" for w in result["warnings"]]
     return "\n".join(lines) + "\n"
 
 

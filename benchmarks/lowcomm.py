@@ -25,7 +25,8 @@ The answers, on the evaluation seeds:
 - SIM's signal put to use: Streaming DiLoCo syncing the fragment the workers
   agreed on least first, against the staggered order;
 - SIM against the best of local SGD, DiLoCo and Streaming DiLoCo, with the
-  bytes each moved (the report's bytes-against-time plot shows the front).
+  bytes each moved (the report's bytes-against-time plot shows the front),
+  and against the BSP it runs on.
 
 Usage:
     .venv/bin/python benchmarks/lowcomm.py STUDY [--jobs 2] [--seeds 10] [--tune-seeds 2] [--resume]
@@ -101,6 +102,7 @@ def answers_of(result: dict[str, Any], out: Path) -> dict[str, Any]:
     best_low = min(low, key=lambda s: (rows[s]["time_to_target_s"] is None, rows[s]["time_to_target_s"] or 0.0))
     answers["sim_vs_best_low_comm"] = {**pairwise(result, "bsp+sim", best_low),
                                        "bytes": bytes_ratio(rows["bsp+sim"], rows[best_low])}
+    answers["sim_vs_bsp"] = {**pairwise(result, "bsp+sim", "bsp"), "bytes": bytes_ratio(rows["bsp+sim"], rows["bsp"])}
     return answers
 
 
@@ -148,7 +150,8 @@ def report(name: str, study: dict[str, Any], result: dict[str, Any], answers: di
                        ("adacomm_vs_localsgd", "AdaComm against fixed-H local SGD"),
                        ("least_similar_vs_staggered", "Streaming DiLoCo, least similar fragment first, against "
                                                       "the staggered order"),
-                       ("sim_vs_best_low_comm", "SIM against the best low-communication scheme")):
+                       ("sim_vs_best_low_comm", "SIM against the best low-communication scheme"),
+                       ("sim_vs_bsp", "SIM against the BSP it runs on")):
         if key not in answers:
             continue
         a = answers[key]
