@@ -494,6 +494,34 @@ def test_a_killed_bsp_server_is_replaced_from_the_checkpoint_and_the_run_reaches
     assert not any(e["event"] == "worker_failed" for e in events)  # nobody blames a worker
 
 
+def test_a_server_killed_before_handing_out_its_evaluated_state_is_replaced_from_the_checkpoint(
+        ray_session, tmp_path, monkeypatch):
+    """kill -9 the server right after an evaluation asked for its state: that state never existed, so it must not
+    be chosen over the checkpoint (it was, and the replacement fell back to the initial state)."""
+    killed: dict = {}
+    submit = RayBackend._submit_evaluation
+
+    def submit_then_kill(backend):
+        ready = not killed and backend.last_checkpoint and backend.recorder.iterations >= 40
+        pid = ray.get(backend.servers[0].ping.remote()) if ready else None
+        submit(backend)
+        if ready:
+            killed["t"] = backend.now()
+            os.kill(pid, signal.SIGKILL)
+
+    monkeypatch.setattr(RayBackend, "_submit_evaluation", submit_then_kill)
+    signal.alarm(150)
+    try:
+        cfg = ray_config("optimizer.lr=0.02", "run.target_accuracy=0.85", "run.max_time_s=40", "run.eval_every_s=0.5",
+                         "backend.checkpoint_every_s=0.3", SERVER_PATH)
+        summary = RayBackend(build_setup(cfg), RunRecorder(stream=io.StringIO()), lambda info: None, out=tmp_path).run()
+    finally:
+        signal.alarm(0)
+    assert killed and summary["stop_reason"] == "target_reached", summary["failures"]
+    [failure] = summary["failures"]
+    assert failure["recovered_from"].startswith(("checkpoint ckpt-", "the state evaluated at")), failure
+
+
 def test_a_killed_gssp_group_server_is_replaced_from_a_peer_replica(ray_session):
     """kill -9 one of two GSSP group servers: a warm standby takes over from the other group's replica."""
     killed, kill = _kill_server_when(1, lambda b, info: b.gssp.grouped and info["iterations"] >= 60)
