@@ -284,6 +284,7 @@ def test_streaming_diloco_on_ray_hides_the_exchange_behind_the_next_step(ray_ses
               "run.target_accuracy=0.99")
     _, waiting = run_backend(ray_config(*common, "sync.streaming_diloco.overlap_steps=0"))
     _, overlapped = run_backend(ray_config(*common, "sync.streaming_diloco.overlap_steps=2"))
+
     def comm_per_step(summary: dict) -> float:
         return sum(w["comm_s"] for w in summary["per_worker"]) / sum(w["iterations"] for w in summary["per_worker"])
 
