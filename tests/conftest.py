@@ -12,7 +12,7 @@ from shoal.config import Config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: test files whose every test starts a real Ray instance (marked ``ray``: run after the rest, two processes at a time)
+#: test files whose every test starts a real Ray instance (marked ``ray``: run one at a time, after the rest)
 RAY_FILES = {"test_ray_backend.py"}
 
 

@@ -276,20 +276,14 @@ def test_streaming_diloco_trains_on_ray_one_quantised_fragment_at_a_time(ray_ses
 
 def test_streaming_diloco_on_ray_hides_the_exchange_behind_the_next_step(ray_session):
     """A slow emulated link (2 Mbit/s: a fragment's upload, and its download, each take about one 20 ms step, so
-    waiting costs two steps in every four): with overlap 2 the exchange runs beside the next two steps. On a quiet
-    machine the same wall budget then holds about 1.5 times the steps; what is checked is the mechanism, which
-    load does not change: the communication a worker waits for per step (its comm_s) falls."""
+    waiting costs two steps in every four): with overlap 2 the exchange runs beside the next two steps, so the
+    same wall budget holds about 1.5 times the steps (1.2 leaves room for a loaded machine)."""
     common = ("sync.scheme=streaming_diloco", "sync.streaming_diloco.local_steps=8", "sync.streaming_diloco.fragments=2",
               "cluster.workers=2", "cluster.compute_s=0.02", "cluster.link_gbps=0.002", "run.max_time_s=4",
               "run.target_accuracy=0.99")
     _, waiting = run_backend(ray_config(*common, "sync.streaming_diloco.overlap_steps=0"))
     _, overlapped = run_backend(ray_config(*common, "sync.streaming_diloco.overlap_steps=2"))
-
-    def comm_per_step(summary: dict) -> float:
-        return sum(w["comm_s"] for w in summary["per_worker"]) / sum(w["iterations"] for w in summary["per_worker"])
-
-    hidden, waited = comm_per_step(overlapped), comm_per_step(waiting)
-    assert hidden <= 0.6 * waited, (hidden, waited)  # measured 0.42x, alone and beside two busy processes
+    assert overlapped["iterations"] >= 1.2 * waiting["iterations"], (overlapped["iterations"], waiting["iterations"])
     assert overlapped["final_accuracy"] > 0.5
 
 
