@@ -7,6 +7,10 @@
 #   nohup benchmarks/studies.sh >> /tmp/studies.log 2>&1 &    # from the project root, or a worktree of it
 #   benchmarks/studies.sh --list                              # what it would run, in order
 #
+# A study takes longer than a session, and runs/ is not tracked: at the end of a session pack the finished runs
+# into git (`benchmarks/run_archive.py save`, then commit benchmarks/archive/); this script unpacks them first, so
+# a fresh checkout goes on where the last one stopped.
+#
 # Two runs at a time (--jobs 2: this machine's two cores). A study's results file is written when all its
 # runs are done; write it at a clean commit (its JSON records the commit and whether the tree was dirty).
 set -euo pipefail
@@ -26,6 +30,7 @@ if [[ "${1:-}" == "--list" ]]; then
   printf '%s\n' "${STUDIES[@]}"
   exit 0
 fi
+PYTHONPATH=src "$PYTHON" benchmarks/run_archive.py restore
 for study in "${STUDIES[@]}"; do
   echo "== $(date -u +%FT%TZ) benchmarks/$study"
   # shellcheck disable=SC2086  # the script and the study name are two words
