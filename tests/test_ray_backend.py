@@ -43,7 +43,8 @@ from shoal.sync import make_policy  # noqa: E402
 
 from conftest import FAST, ROOT, default_sigint, read_jsonl  # noqa: E402
 
-RAY = ["backend.name=ray", "backend.cpus_per_worker=0.25", "backend.cpus_per_server=0.25",
+# 0.2 CPU each: the kept actors of both data paths (4 all-reduce ranks; 4 workers and a server) fit in 2 CPUs together
+RAY = ["backend.name=ray", "backend.cpus_per_worker=0.2", "backend.cpus_per_server=0.2",
        "backend.checkpoint_every_s=0", "run.max_time_s=20"]
 SERVER_PATH = "sync.intra_group=server"  # the server path, whose fault tolerance and checkpoints a test checks
 CONTRACT = ("scheme", "backend", "final_accuracy", "best_accuracy", "target_accuracy", "time_to_target_s",
@@ -217,6 +218,7 @@ def test_gssp_splits_into_no_more_group_servers_than_the_cpus_hold(ray_session, 
     (confirm_span = 0) a second group server would be needed. The split used to wait forever for a server Ray
     could not place; now the groups are capped to the servers the CPUs hold and the run ends on time."""
     cfg = ray_config("sync.scheme=gssp", "cluster.workers=8", "backend.cpus_per_worker=0.2",
+                     "backend.cpus_per_server=0.25",
                      "cluster.profile=uniform", "cluster.compute_s=0.05", "cluster.stragglers.probability=0.1",
                      "cluster.stragglers.slowdown=4", "cluster.stragglers.duration=5", "run.seed=4",
                      "sync.gssp.confirm_span=0", "run.stop_at_target=false", "run.max_time_s=3")
@@ -712,9 +714,9 @@ def test_a_cluster_that_cannot_hold_the_run_fails_fast_in_one_line_and_keeps_not
     ActorPool.clear()
     other_job = ray.util.placement_group([{"CPU": 1.5}])  # CPUs another job holds on a shared cluster
     assert other_job.wait(timeout_seconds=10)
-    try:  # 4 workers and a server at 0.25 CPU: 1.25 of the 2 CPUs the instance has, but only 0.5 are free
+    try:  # 4 workers and a server at 0.2 CPU: 1 of the 2 CPUs the instance has, but only 0.5 are free
         start = time.monotonic()
-        with pytest.raises(ConfigError, match=r"cannot place this run's actors \(4 workers x 0.25 CPU, 1 servers"):
+        with pytest.raises(ConfigError, match=r"cannot place this run's actors \(4 workers x 0.2 CPU, 1 servers"):
             run_backend(ray_config(SERVER_PATH))
         assert time.monotonic() - start < 20
         assert [pg["state"] for pg in ray.util.placement_group_table().values()].count("CREATED") == 1
@@ -723,7 +725,7 @@ def test_a_cluster_that_cannot_hold_the_run_fails_fast_in_one_line_and_keeps_not
 
 
 def test_reserved_actors_train_and_a_restarted_worker_takes_its_predecessors_bundle(ray_session, monkeypatch):
-    """4 x 0.4 + 0.25 of 2 CPUs are reserved: 0.15 stay free, so the restart fits only in the dead worker's
+    """4 x 0.4 + 0.2 of 2 CPUs are reserved: 0.2 stay free, so the restart fits only in the dead worker's
     bundle. The group is removed at the end."""
     monkeypatch.setattr(ActorPool, "enabled", False)
     ActorPool.clear()
@@ -765,10 +767,14 @@ def test_bsp_on_allreduce_trains_in_lockstep_on_loopback_only(ray_session):
 
 
 def test_bsp_on_allreduce_computes_exactly_what_the_simulated_bsp_does(ray_session):
-    """Same seed, same batches, 20 rounds: the all-reduce replicas end where the sim's BSP server ends."""
+    """Same seed, same batches, 20 rounds: the all-reduce replicas end where the sim's BSP server ends, on ranks
+    kept from a run with other settings (ActorPool: the same processes, re-initialised)."""
     budget = ["run.max_iterations=80", "run.target_accuracy=1.0", "run.max_time_s=60", "optimizer.momentum=0.9",
               "optimizer.weight_decay=0.001"]
+    before, _ = run_backend(ray_config("sync.intra_group=allreduce", "optimizer.lr=0.3", "run.seed=5",
+                                       "run.max_iterations=40", "run.target_accuracy=1.0"))
     backend, ray_summary = run_backend(ray_config("sync.intra_group=allreduce", *budget))
+    assert sorted(backend.pids.values()) == sorted(before.pids.values())  # kept, not started again
     sim = SimBackend(build_setup(load_config(None, FAST + budget)), RunRecorder())
     sim_summary = sim.run()
     assert ray_summary["stop_reason"] == "iteration_budget" and ray_summary["iterations"] == 80
@@ -788,6 +794,7 @@ def test_a_failed_rank_ends_an_allreduce_run_cleanly(ray_session):
         signal.alarm(0)
     assert summary["stop_reason"] == "worker_failed"
     assert [f["worker"] for f in summary["failures"]] == [2] and summary["final_accuracy"] is not None
+    assert ActorPool.cpus_held(lambda key: key[0] == "CollectiveWorker") == 0  # a broken group is not kept
 
 
 def test_gssp_on_allreduce_groups_splits_exchanges_and_keeps_each_groups_replicas_equal(ray_session):

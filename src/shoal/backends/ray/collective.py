@@ -134,6 +134,11 @@ class CollectiveWorker(GroupExchange):
 
     # -- set-up (called by the driver) ------------------------------------------------------
 
+    def reinit(self, *args: Any) -> None:
+        """Serve a new run from this process (ActorPool): leave the last run's process group, start afresh."""
+        self._leave_group()
+        self.__init__(*args)  # type: ignore[misc]
+
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "device": str(self.device)}
 

@@ -19,7 +19,6 @@ import ray
 
 from shoal.backends.group_exchange import StepScale
 from shoal.backends.ray.collective import CollectiveWorker, GroupPlan
-from shoal.backends.ray.session import ActorPool
 from shoal.sync.gssp import Move
 
 FORM_TIMEOUT_S = 300.0
@@ -34,8 +33,6 @@ class CollectiveGroups:
 
     def _start_collective(self) -> None:
         """One CollectiveWorker per worker, one group of everyone, no server."""
-        # all-reduce ranks are never kept (a process group is not re-joined): kept actors free their CPUs for them
-        ActorPool.clear()
         params, buffers = self.setup.engine.initial_state()
         p_ref, b_ref = ray.put(params.numpy()), ray.put(buffers.numpy())
         b = self.cfg.backend
@@ -43,7 +40,7 @@ class CollectiveGroups:
         for w in range(self.n):
             args = (w, self.cfg, self._shards[w], self.setup.dataset.num_classes, self.speeds[w],
                     self.profile.compute_s, self.setup.n_train, p_ref, b_ref)
-            self.workers[w] = self._placed(CollectiveWorker, options, args, "worker")
+            self.workers[w] = self._actor(CollectiveWorker, options, args, "worker")
         self._wait_ready([self.evaluator])
         self._status(f"joining {self.n} workers into one all-reduce group")
         self._settings_version = 0

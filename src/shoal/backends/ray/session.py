@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -60,14 +60,20 @@ class ActorPool:
         cls._idle.setdefault(key, []).append(handle)
 
     @classmethod
-    def clear(cls) -> None:
-        for handles in cls._idle.values():
-            for handle in handles:
+    def cpus_held(cls, which: Callable[[tuple[Any, ...]], bool]) -> float:
+        """The CPUs that the kept actors whose key ``which`` selects hold."""
+        return sum(len(handles) * dict(key[1:]).get("num_cpus", 0.0) for key, handles in cls._idle.items()
+                   if which(key))
+
+    @classmethod
+    def clear(cls, which: Callable[[tuple[Any, ...]], bool] = lambda key: True) -> None:
+        """Kill the kept actors whose key (class name, options) ``which`` selects: all by default."""
+        for key in [key for key in cls._idle if which(key)]:
+            for handle in cls._idle.pop(key):
                 try:
                     ray.kill(handle, no_restart=True)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
-        cls._idle.clear()
 
     @classmethod
     def _same_session(cls) -> bool:

@@ -29,6 +29,8 @@ from shoal.sync import SyncPolicy
 STARTUP_TIMEOUT_S = 300.0
 CLUSTER_GROW_S = 20.0  # how long a joined cluster may take to offer the CPUs a run requests (autoscaling)
 LOCAL_PLACE_S = 5.0  # a local Ray has the CPUs it declared, or other actors hold them: nothing to wait for
+#: what an all-reduce run takes from the ActorPool (a kept rank leaves its process group and joins the next run's)
+COLLECTIVE_KINDS = ("CollectiveWorker", "Evaluator")
 
 
 def wait_for_cpus(needed: float, cpus: Callable[[], float], timeout_s: float, poll_s: float = 1.0,
@@ -64,6 +66,19 @@ class ActorSetup:
             return workers * b.cpus_per_worker
         servers = 1 + self._predicted_spares() + b.standby_servers
         return workers * b.cpus_per_worker + servers * b.cpus_per_server
+
+    def _make_room(self) -> None:
+        """Kept actors (ActorPool) hold their CPUs: those of the other data path (all-reduce ranks, or workers and
+        servers) are ended when the free CPUs and the kept actors of this run's kinds would not hold its actors."""
+        if not ActorPool.enabled or self.where != "existing":
+            return
+
+        def ours(key: tuple[Any, ...]) -> bool:
+            return (key[0] in COLLECTIVE_KINDS) if self.collective else (key[0] != "CollectiveWorker")
+
+        free = ray.available_resources().get("CPU", 0.0) + ActorPool.cpus_held(ours)
+        if free < self._cpus_needed() - 1e-9:
+            ActorPool.clear(lambda key: not ours(key))
 
     def _limit_group_servers(self) -> None:
         """GSSP splits into at most as many group servers as the Ray cluster has CPUs for.
@@ -191,6 +206,7 @@ class ActorSetup:
     def _start(self) -> None:
         """Create the actors (from the initial state or a checkpoint) and wait until all are ready."""
         self._check_resources()
+        self._make_room()
         self._limit_group_servers()
         self._reserve()
         self._put_shards()
