@@ -20,6 +20,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in RAY_FILES:
             item.add_marker(pytest.mark.ray)
+    # the tests that end the actors kept between runs (ActorPool) go last: every test before them reuses them
+    items.sort(key=lambda item: item.get_closest_marker("ends_kept_actors") is not None)
 
 FAST = [
     "data.name=digits",

@@ -135,9 +135,19 @@ class CollectiveWorker(GroupExchange):
     # -- set-up (called by the driver) ------------------------------------------------------
 
     def reinit(self, *args: Any) -> None:
-        """Serve a new run from this process (ActorPool): leave the last run's process group, start afresh."""
+        """Serve a new run from this process (ActorPool): leave the last run's process group and start afresh.
+        The sender thread (GSSP) and its queue belong to the process: they serve the new run once the last run's
+        deltas have been delivered (a peer re-initialised first drops them; none may reach the new run's groups,
+        which form only after every rank here is re-initialised)."""
         self._leave_group()
+        self._outbox.join()
+        try:
+            ray.get(self._deliveries)
+        except ray.exceptions.RayError:  # a peer that is gone missed a delta of a run that has ended
+            pass
+        sender, outbox = self._sender, self._outbox
         self.__init__(*args)  # type: ignore[misc]
+        self._sender, self._outbox = sender, outbox
 
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "device": str(self.device)}

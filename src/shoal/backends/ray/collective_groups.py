@@ -35,8 +35,7 @@ class CollectiveGroups:
         """One CollectiveWorker per worker, one group of everyone, no server."""
         params, buffers = self.setup.engine.initial_state()
         p_ref, b_ref = ray.put(params.numpy()), ray.put(buffers.numpy())
-        b = self.cfg.backend
-        options = {"num_cpus": b.cpus_per_worker, "num_gpus": b.gpus_per_worker, "max_concurrency": 32}
+        options = self._rank_options()
         for w in range(self.n):
             args = (w, self.cfg, self._shards[w], self.setup.dataset.num_classes, self.speeds[w],
                     self.profile.compute_s, self.setup.n_train, p_ref, b_ref)

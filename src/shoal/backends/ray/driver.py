@@ -419,8 +419,8 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         reusable = {h._actor_id for w, h in self.workers.items() if w in self.alive and w not in running}
         reusable |= {h._actor_id for h in [*self.servers, *self.spares, *self.standby]}
         pooling = ActorPool.enabled and self.where == "existing" and self.started
-        if self.collective:  # a rank is kept only from a whole BSP group that ended well (no sender thread)
-            pooling = pooling and self.gssp is None and not self.failures and not self._run_refs
+        if self.collective:  # a rank is kept only from a run whose groups all ended well
+            pooling = pooling and not self.failures and not self._run_refs
             reusable |= {h._actor_id for h in self.workers.values()} if pooling else set()
         if self.evaluator is not None:
             reusable.add(self.evaluator._actor_id)

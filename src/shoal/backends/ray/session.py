@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +33,11 @@ LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED"
 #: transfer + RPC time per BSP round from ~40 to ~25 ms here (benchmarks/results/runtime_overhead.md)
 LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "enable_worker_prestart": False,
                        "max_direct_call_object_size": 1 << 20}
+
+
+def pool_key(kind: str, options: dict[str, Any]) -> tuple[Any, ...]:
+    """What a kept actor is kept under: its class name and Ray options (an actor serves a run asking the same)."""
+    return (kind, *sorted(options.items()))
 
 
 class ActorPool:
@@ -66,14 +72,23 @@ class ActorPool:
                    if which(key))
 
     @classmethod
-    def clear(cls, which: Callable[[tuple[Any, ...]], bool] = lambda key: True) -> None:
-        """Kill the kept actors whose key (class name, options) ``which`` selects: all by default."""
+    def clear(cls, which: Callable[[tuple[Any, ...]], bool] = lambda key: True, wait_s: float = 10.0) -> None:
+        """Kill the kept actors whose key (class name, options) ``which`` selects (all by default), and wait
+        (at most ``wait_s``) until Ray has their CPUs back: the next run's actors are placed on them."""
+        freed = cls.cpus_held(which)
+        if freed and ray.is_initialized():
+            goal = ray.available_resources().get("CPU", 0.0) + freed
         for key in [key for key in cls._idle if which(key)]:
             for handle in cls._idle.pop(key):
                 try:
                     ray.kill(handle, no_restart=True)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
+        deadline = time.monotonic() + wait_s
+        while freed and ray.is_initialized() and time.monotonic() < deadline:
+            if ray.available_resources().get("CPU", 0.0) >= goal - 1e-9:
+                return
+            time.sleep(0.05)
 
     @classmethod
     def _same_session(cls) -> bool:

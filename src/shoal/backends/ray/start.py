@@ -18,7 +18,7 @@ from shoal.backends.ray.data import shard_ref
 from shoal.backends.ray.evaluator import Evaluator
 from shoal.backends.ray.server import GroupServer
 from shoal.backends.ray.placement import bundle, reserve
-from shoal.backends.ray.session import ActorPool
+from shoal.backends.ray.session import ActorPool, pool_key
 from shoal.backends.ray.wire import Link, actor_threads
 from shoal.backends.ray.worker import Worker
 from shoal.backends.ray.switch import SERVER, SwitchActor, worker_name
@@ -29,8 +29,7 @@ from shoal.sync import SyncPolicy
 STARTUP_TIMEOUT_S = 300.0
 CLUSTER_GROW_S = 20.0  # how long a joined cluster may take to offer the CPUs a run requests (autoscaling)
 LOCAL_PLACE_S = 5.0  # a local Ray has the CPUs it declared, or other actors hold them: nothing to wait for
-#: what an all-reduce run takes from the ActorPool (a kept rank leaves its process group and joins the next run's)
-COLLECTIVE_KINDS = ("CollectiveWorker", "Evaluator")
+EVALUATOR_OPTIONS = {"num_cpus": 0, "max_concurrency": 1}  # no CPU reserved: it works only now and then
 
 
 def wait_for_cpus(needed: float, cpus: Callable[[], float], timeout_s: float, poll_s: float = 1.0,
@@ -68,17 +67,21 @@ class ActorSetup:
         return workers * b.cpus_per_worker + servers * b.cpus_per_server
 
     def _make_room(self) -> None:
-        """Kept actors (ActorPool) hold their CPUs: those of the other data path (all-reduce ranks, or workers and
-        servers) are ended when the free CPUs and the kept actors of this run's kinds would not hold its actors."""
+        """Kept actors (ActorPool) hold their CPUs. When the free CPUs and the kept actors this run takes would
+        not hold its actors, the other kept actors are ended (those of the other data path, of other sizes);
+        when even that is not enough, all of them."""
         if not ActorPool.enabled or self.where != "existing":
             return
-
-        def ours(key: tuple[Any, ...]) -> bool:
-            return (key[0] in COLLECTIVE_KINDS) if self.collective else (key[0] != "CollectiveWorker")
-
-        free = ray.available_resources().get("CPU", 0.0) + ActorPool.cpus_held(ours)
-        if free < self._cpus_needed() - 1e-9:
-            ActorPool.clear(lambda key: not ours(key))
+        if self.collective:
+            ours = {pool_key("CollectiveWorker", self._rank_options())}
+        else:
+            ours = {pool_key("Worker", self._worker_options()), pool_key("GroupServer", self._server_options())}
+        ours.add(pool_key("Evaluator", EVALUATOR_OPTIONS))
+        needed = self._cpus_needed()
+        if ray.available_resources().get("CPU", 0.0) + ActorPool.cpus_held(ours.__contains__) < needed - 1e-9:
+            ActorPool.clear(lambda key: key not in ours)
+            if ray.available_resources().get("CPU", 0.0) < needed - 1e-9:  # more kept than this run takes
+                ActorPool.clear()
 
     def _limit_group_servers(self) -> None:
         """GSSP splits into at most as many group servers as the Ray cluster has CPUs for.
@@ -121,17 +124,26 @@ class ActorSetup:
                 self.cfg.sync.gssp.exchange_every, peer_link, actor_threads(b.cpus_per_server), self.strategy.outer_step,
                 self.strategy.balancer(self.cfg.cluster.total_workers))
 
+    def _server_options(self) -> dict[str, Any]:
+        return {"num_cpus": self.cfg.backend.cpus_per_server, "max_concurrency": 10_000}
+
+    def _worker_options(self) -> dict[str, Any]:
+        b = self.cfg.backend
+        return {"num_cpus": b.cpus_per_worker, "num_gpus": b.gpus_per_worker, "max_concurrency": 1000}
+
+    def _rank_options(self) -> dict[str, Any]:
+        """An all-reduce rank's (CollectiveWorker)."""
+        b = self.cfg.backend
+        return {"num_cpus": b.cpus_per_worker, "num_gpus": b.gpus_per_worker, "max_concurrency": 32}
+
     def _server_actor(self, index: int) -> Any:
-        options = {"num_cpus": self.cfg.backend.cpus_per_server, "max_concurrency": 10_000}
-        return self._actor(GroupServer, options, self._server_args(index), "server")
+        return self._actor(GroupServer, self._server_options(), self._server_args(index), "server")
 
     def _worker_actor(self, w: int) -> Any:
-        b = self.cfg.backend
         data = self._shards[w % self.n]  # a joiner trains on a copy of the shard of worker (id mod workers)
         args = (w, self.cfg, data, self.setup.dataset.num_classes, self.speeds[w], self.profile.compute_s,
                 self.setup.download_bytes, self._density(w))
-        options = {"num_cpus": b.cpus_per_worker, "num_gpus": b.gpus_per_worker, "max_concurrency": 1000}
-        return self._actor(Worker, options, args, "worker")
+        return self._actor(Worker, self._worker_options(), args, "worker")
 
     def _placed(self, cls: type, options: dict[str, Any], args: tuple[Any, ...], kind: str) -> Any:
         """A new actor, in a free reserved bundle of ``kind`` if there is one (ray_placement)."""
@@ -164,10 +176,14 @@ class ActorSetup:
 
     def _actor(self, cls: type, options: dict[str, Any], args: tuple[Any, ...], kind: str) -> Any:
         """A new actor (in a reserved bundle of ``kind`` if free), or a kept one re-initialised (ActorPool)."""
-        key = (cls.__name__, *sorted(options.items()))
+        key = pool_key(cls.__name__, options)
         handle = ActorPool.take(key) if self.where == "existing" else None
         if handle is not None:  # waited for: an async actor may run later calls before an earlier one
-            ray.get(handle.reinit.remote(*args))
+            try:
+                ray.get(handle.reinit.remote(*args))
+            except BaseException:  # refused (say, other data than the driver's): ended, or it would hold its CPUs
+                ray.kill(handle, no_restart=True)
+                raise
         else:
             handle = self._placed(cls, options, args, kind)
         self._keys[handle._actor_id] = key
@@ -238,7 +254,7 @@ class ActorSetup:
         """The actor that runs the periodic evaluations (no CPU reserved: it works only now and then)."""
         ds = self.setup.dataset
         args = (self.cfg, ray.put(ds.x_test.numpy()), ray.put(ds.y_test.numpy()), ds.num_classes, ds.input_shape)
-        self.evaluator = self._actor(Evaluator, {"num_cpus": 0, "max_concurrency": 1}, args, "evaluator")
+        self.evaluator = self._actor(Evaluator, EVALUATOR_OPTIONS, args, "evaluator")
 
     def _wait_ready(self, others: list[Any]) -> None:
         """Every worker and ``others`` answered a ping (workers report their pid and device)."""
