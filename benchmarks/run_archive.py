@@ -13,8 +13,9 @@ Usage:
     .venv/bin/python benchmarks/run_archive.py restore   # unpack every packed run whose folder lacks one
     .venv/bin/python benchmarks/run_archive.py --list    # the packed runs per study folder
 
-A packed run is data from the code of its time: its summary.json and the results file that uses it record the
-commit (``git``), and compare reuses a run only when its config is the same by value.
+A packed run is data from the code of its time: its summary.json records that code (``code``: the commit, and
+whether src/ had uncommitted changes; runs made before 2026-12-06 lack it), the results file that uses it
+records the commit it was written at, and compare reuses a run only when its config is the same by value.
 """
 
 from __future__ import annotations

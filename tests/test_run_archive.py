@@ -30,6 +30,9 @@ def test_packed_runs_come_back_and_resume_reads_them_instead_of_running_them(tmp
     assert first.exit_code == 0, first.output
     rows = json.loads((runs / "study" / "compare.json").read_text())["rows"]
     assert (runs / "study" / "bsp" / "seed-0" / "model.safetensors").is_file()  # a run writes its model
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    code = json.loads((runs / "study" / "bsp" / "seed-0" / "summary.json").read_text())["code"]
+    assert code["commit"] == head.stdout.strip() and isinstance(code["dirty"], bool)  # which code made the run
     assert run_archive.save(runs, archive) == (4, 0)
     assert run_archive.save(runs, archive) == (0, 4)  # the same runs, the same bytes: nothing to commit
     assert sorted(str(p.relative_to(archive)) for p in archive.glob("**/*.tar.gz")) == [

@@ -203,6 +203,29 @@ def _estimate_without_culprit(cfg: Config, summary: dict[str, Any], recorder: Ru
     stragglers["verdict"] += "; " + sentence(estimate)
 
 
+def git(*args: str) -> str | None:
+    """``git ARGS`` in the checkout shoal runs from ("" if git fails); None outside one (an installed wheel)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def code_version() -> dict[str, Any]:
+    """The code that made a run: shoal's version and, in a git checkout, its commit and whether src/ had
+    uncommitted changes (a run kept for later, such as a study's, then says which code it came from)."""
+    from shoal import __version__
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"version": __version__}
+    return {"version": __version__, "commit": commit or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "src"))}
+
+
 def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = None,
           resume: Path | None = None, on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run one training and write config.toml, metrics.jsonl and summary.json into ``out``.
@@ -242,6 +265,7 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
                 scalars.close()
     summary.update(recorder.metric_fields(cfg.target()))
     summary["data_path"] = cfg.data_path()
+    summary["code"] = code_version()
     if setup.streams:
         summary["data_partition"] = setup.partition_summary()
     if setup.compute_s_measured is not None:

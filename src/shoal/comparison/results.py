@@ -147,17 +147,11 @@ def git_provenance() -> dict[str, Any]:
     changes: such a results file was not produced with frozen defaults. The
     commits are left out outside a git checkout of shoal (an installed wheel).
     """
-    import subprocess
+    from shoal.runner import code_version, git
 
-    root = Path(__file__).resolve().parents[3]
-    if not (root / ".git").exists():
+    code = code_version()
+    if "commit" not in code:
         return {"defaults_digest": defaults_digest()}
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    return {"defaults_digest": defaults_digest(), "commit": git("rev-parse", "HEAD") or None,
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "src")),
+    return {"defaults_digest": defaults_digest(), "commit": code["commit"], "dirty": code["dirty"],
             "defaults_commit": git("log", "-1", "--format=%H", "--", *DEFAULT_PATHS) or None,
             "defaults_dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", *DEFAULT_PATHS))}
