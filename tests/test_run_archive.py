@@ -1,5 +1,5 @@
 """benchmarks/run_archive.py: a study's finished runs packed into git come back on a fresh checkout as runs that
-compare's --resume reads instead of running again."""
+compare's --resume reads instead of running again; each run's summary says which code made it."""
 
 from __future__ import annotations
 
@@ -77,3 +77,14 @@ def test_a_file_that_is_not_a_run_archive_is_refused_in_one_line(tmp_path):
                           capture_output=True, text=True, timeout=60, cwd=ROOT / "benchmarks")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "not a run archive" in done.stderr
     assert not (tmp_path / "escape.txt").exists()
+
+
+def test_a_machine_without_git_still_writes_the_summary(tmp_path, monkeypatch):
+    """The code's commit is told where git answers; without git a run still ends with its summary."""
+    from shoal.config import load_config
+    from shoal.runner import train
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no git binary to be found
+    summary = train(load_config(None, FAST + ["run.max_time_s=0.5"]), tmp_path / "run")
+    assert summary["code"]["commit"] is None and summary["code"]["version"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["code"] == summary["code"]

@@ -210,7 +210,10 @@ def git(*args: str) -> str | None:
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
         return None
-    done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+    try:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):  # no git on this machine, or it hung: nothing to say
+        return ""
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
