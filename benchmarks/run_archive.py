@@ -14,7 +14,7 @@ Usage:
     .venv/bin/python benchmarks/run_archive.py --list    # the packed runs per study folder
 
 A packed run is data from the code of its time: its summary.json records that code (``code``: the commit, and
-whether src/ had uncommitted changes; runs made before 2026-12-06 lack it), the results file that uses it
+whether src/ had uncommitted changes; older runs lack it), the results file that uses it
 records the commit it was written at, and compare reuses a run only when its config is the same by value.
 """
 
