@@ -48,3 +48,16 @@ def test_a_study_without_knobs_runs_the_evaluation_seeds_of_the_others():
     sets, tune_seeds = evidence.study_protocol(balance.STUDIES["shapes-lognormal"], 2)
     assert tune_seeds == 0 and sets[-1] == "run.seed=2"
     assert evidence.study_protocol(balance.STUDIES["shapes-tiers"], 2)[1] == 2
+
+
+def test_the_queue_unpacks_the_kept_runs_then_resumes_every_study_in_order(tmp_path):
+    """studies.sh with a stand-in Python that only records its arguments: the archive first, then each study."""
+    log = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n")
+    fake.chmod(0o755)
+    subprocess.run(["bash", str(ROOT / "benchmarks" / "studies.sh")], capture_output=True, text=True, timeout=60,
+                   env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake)}, check=True)
+    calls = log.read_text().splitlines()
+    assert calls[0] == "benchmarks/run_archive.py restore"
+    assert calls[1:] == [f"benchmarks/{script} {study} --jobs 2 --resume" for script, study in queued()]
