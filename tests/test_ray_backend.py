@@ -1029,6 +1029,26 @@ def test_ssp_gate_holds_the_fast_worker_within_the_bound():
     asyncio.run(scenario())
 
 
+def test_the_actor_pool_counts_and_ends_only_the_kept_actors_it_is_asked_to(monkeypatch):
+    """Kept actors by key (class, options): the CPUs they hold, and clearing one kind leaves the others kept."""
+    from shoal.backends.ray.session import pool_key
+
+    monkeypatch.setattr(ActorPool, "_idle", {})
+    monkeypatch.setattr(ActorPool, "_same_session", classmethod(lambda cls: True))  # no Ray needed here
+    monkeypatch.setattr(ray, "kill", lambda handle, no_restart=True: killed.append(handle))
+    killed: list[str] = []
+    rank, worker = pool_key("CollectiveWorker", {"num_cpus": 0.2}), pool_key("Worker", {"num_cpus": 0.5})
+    for key, names in ((rank, ["r0", "r1"]), (worker, ["w0"]), (pool_key("Evaluator", {"num_cpus": 0}), ["e"])):
+        for name in names:
+            ActorPool.give(key, name)
+    assert ActorPool.cpus_held(lambda key: True) == pytest.approx(0.9)
+    assert ActorPool.cpus_held(lambda key: key[0] == "CollectiveWorker") == pytest.approx(0.4)
+    ActorPool.clear(lambda key: key[0] == "CollectiveWorker", wait_s=0)
+    assert sorted(killed) == ["r0", "r1"] and ActorPool.cpus_held(lambda key: True) == pytest.approx(0.5)
+    ActorPool.clear(wait_s=0)
+    assert sorted(killed) == ["e", "r0", "r1", "w0"] and ActorPool._idle == {}
+
+
 def test_checkpoint_round_trip_keeps_optimizer_state(tmp_path):
     from shoal.engine.replica import Replica
 
