@@ -29,12 +29,13 @@ import tarfile
 from collections import Counter
 from pathlib import Path
 
+from shoal.comparison.execute import UNFINISHED  # a run compare's --resume would run again is not kept
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "runs" / "evidence"
 ARCHIVE = ROOT / "benchmarks" / "archive"
 #: what a study needs of a run: compare's --resume reads the first two, lowcomm's quality at target the third
 KEPT = ("config.toml", "summary.json", "metrics.jsonl")
-UNFINISHED = (None, "interrupted", "internal_error")  # as compare's --resume judges a run
 
 
 def finished(run_dir: Path) -> bool:

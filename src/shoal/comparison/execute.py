@@ -16,6 +16,8 @@ from shoal.errors import ConfigError
 from shoal.report.tuning import point_label
 
 console = Console(stderr=True)
+#: the stop reasons of a run that must run again (``--resume``): none yet, cut short, or a bug
+UNFINISHED = (None, "interrupted", "internal_error")
 
 
 class Interrupted(KeyboardInterrupt):
@@ -132,7 +134,7 @@ def finished_summary(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    if summary.get("stop_reason") in (None, "interrupted", "internal_error"):
+    if summary.get("stop_reason") in UNFINISHED:
         return None
     return summary
 

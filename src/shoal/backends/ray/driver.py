@@ -421,7 +421,8 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         pooling = ActorPool.enabled and self.where == "existing" and self.started
         if self.collective:  # a rank is kept only from a run whose groups all ended well
             pooling = pooling and not self.failures and not self._run_refs
-            reusable |= {h._actor_id for h in self.workers.values()} if pooling else set()
+            if pooling:
+                reusable |= {h._actor_id for h in self.workers.values()}
         if self.evaluator is not None:
             reusable.add(self.evaluator._actor_id)
         evaluator = [self.evaluator] if self.evaluator is not None else []

@@ -76,8 +76,7 @@ class ActorPool:
         """Kill the kept actors whose key (class name, options) ``which`` selects (all by default), and wait
         (at most ``wait_s``) until Ray has their CPUs back: the next run's actors are placed on them."""
         freed = cls.cpus_held(which)
-        if freed and ray.is_initialized():
-            goal = ray.available_resources().get("CPU", 0.0) + freed
+        goal = ray.available_resources().get("CPU", 0.0) + freed if freed and ray.is_initialized() else None
         for key in [key for key in cls._idle if which(key)]:
             for handle in cls._idle.pop(key):
                 try:
@@ -85,9 +84,8 @@ class ActorPool:
                 except Exception:  # noqa: BLE001 - already gone
                     pass
         deadline = time.monotonic() + wait_s
-        while freed and ray.is_initialized() and time.monotonic() < deadline:
-            if ray.available_resources().get("CPU", 0.0) >= goal - 1e-9:
-                return
+        while goal is not None and time.monotonic() < deadline \
+                and ray.available_resources().get("CPU", 0.0) < goal - 1e-9:
             time.sleep(0.05)
 
     @classmethod
