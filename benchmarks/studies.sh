@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The evidence studies still to run, in order (done: lowcomm.py lm-1g, balance.py lm-tiers, evidence.py
+# The evidence studies still to run, in order (done: balance.py lm-tiers, evidence.py
 # lm-tiers-iid; their results are in benchmarks/results/), each resumable: a cut-off study picks up where it stopped
 # (compare's --resume keeps every finished run whose config is the same by value). Runs go to
 # runs/evidence/ of the folder this is started from; results to benchmarks/results/.
@@ -17,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$(pwd)/.venv/bin/python}"
 STUDIES=(
+  "lowcomm.py lm-1g"                 # issue 40 again: Streaming DiLoCo now cuts tensors at equal fragment boundaries
   "lowcomm.py shapes-1g"             # issue 40 on the image workload
   "balance.py shapes-tiers"          # issue 39 on the image workload: issue 38's six baselines + balanced BSP
   "evidence.py shapes-tiers-iid"     # issue 38 on the image workload (every run shared with the one above)

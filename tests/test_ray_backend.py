@@ -284,7 +284,8 @@ def test_streaming_diloco_trains_on_ray_one_quantised_fragment_at_a_time(ray_ses
         "sync.streaming_diloco.overlap_steps=0", "sync.streaming_diloco.outer_quantization=fp4", "run.max_time_s=3",
         "sync.streaming_diloco.fragment_order=least_similar", "run.target_accuracy=0.99"))
     assert summary["scheme"] == "streaming_diloco" and summary["final_accuracy"] > 0.6
-    assert 0 < summary["peak_push_bytes"] < 0.2 * 4 * summary["params"]
+    # half the values (the tensors are cut at the middle), 0.5 bytes each plus a float32 scale per 32
+    assert abs(summary["peak_push_bytes"] / (0.625 * summary["params"] / 2) - 1) < 0.02
     first_pulls = 4 * 4 * summary["params"]
     assert summary["bytes_down"] - first_pulls < 0.2 * 4 * summary["params"] * summary["iterations"] / 2
 

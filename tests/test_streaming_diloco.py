@@ -19,7 +19,9 @@ from shoal.config import ConfigError, load_config
 from shoal.engine.metrics import RunRecorder
 from shoal.engine.replica import Replica
 from shoal.engine.setup import build_setup
-from shoal.sync.streaming import FragmentSchedule, StreamingDiLoCo, assign_fragments, mean_cosine
+from shoal.engine.gradients import TensorSlot
+from shoal.sync.streaming import (FragmentSchedule, StreamingDiLoCo, assign_fragments, equal_fragments, mean_cosine,
+                                  split_at_fragments)
 
 from conftest import FAST, ROOT
 
@@ -66,6 +68,45 @@ def test_every_tensor_is_synchronised_exactly_once_per_period(local_steps, data)
             counts[i] += sent
     assert counts == [1] * tensors
     assert sum(schedule.fragment_at(c) is not None for c in range(local_steps)) == fragments
+
+
+def slots(numels: list[int]) -> list[TensorSlot]:
+    offsets = [sum(numels[:i]) for i in range(len(numels))]
+    return [TensorSlot(f"t{i}", (n,), o, n) for i, (n, o) in enumerate(zip(numels, offsets))]
+
+
+def test_split_fragments_cut_the_tensors_a_boundary_falls_inside():
+    layout = split_at_fragments(slots([10, 70, 20]), 4)  # boundaries at 25, 50, 75: all inside t1
+    assert [(s.name, s.offset, s.numel) for s in layout] == [
+        ("t0", 0, 10), ("t1[0:15]", 10, 15), ("t1[15:40]", 25, 25), ("t1[40:65]", 50, 25), ("t1[65:70]", 75, 5),
+        ("t2", 80, 20)]
+    assert equal_fragments([s.offset for s in layout], [s.numel for s in layout], 4) == (0, 0, 1, 2, 3, 3)
+    assert split_at_fragments(slots([5, 5]), 2) == tuple(slots([5, 5]))  # a boundary between tensors: no cut
+    with pytest.raises(ValueError, match="crosses a fragment boundary"):
+        equal_fragments([0, 10], [10, 10], 3)
+    with pytest.raises(ValueError, match="at least 3 parameter values"):
+        equal_fragments([0], [2], 3)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 500), min_size=1, max_size=8), st.integers(1, 8), st.integers(1, 16))
+def test_split_fragments_cover_every_value_once_a_period_in_equal_shares(numels, fragments, local_steps):
+    """Every value is in exactly one piece, pieces keep model order, each fragment holds total / P values
+    (within one), and over any period every piece is synchronised exactly once."""
+    if fragments > min(sum(numels), local_steps):
+        return
+    layout = split_at_fragments(slots(numels), fragments)
+    assert [s.offset for s in layout] == [sum(s.numel for s in layout[:i]) for i in range(len(layout))]
+    assert sum(s.numel for s in layout) == sum(numels) and len(layout) <= len(numels) + fragments - 1
+    fragment_of = equal_fragments([s.offset for s in layout], [s.numel for s in layout], fragments)
+    sizes = [sum(s.numel for s, f in zip(layout, fragment_of) if f == p) for p in range(fragments)]
+    assert max(sizes) - min(sizes) <= 1 and max(sizes) == -(-sum(numels) // fragments)
+    schedule = FragmentSchedule(fragment_of, local_steps, fragments)
+    counts = [0] * len(layout)
+    for clock in range(local_steps, 2 * local_steps):
+        for i, sent in enumerate(schedule.plan(clock)):
+            counts[i] += sent
+    assert counts == [1] * len(layout)
 
 
 def test_turns_are_staggered_and_one_fragment_is_diloco():
@@ -145,19 +186,29 @@ def test_one_fragment_without_overlap_is_diloco_bit_for_bit():
     assert streaming.recorder.bytes_up == diloco.recorder.bytes_up
 
 
-def test_overlapped_outer_steps_apply_the_change_of_the_step_that_sent_it():
-    """Two workers, H = 4, two fragments (fc1.weight at steps 2, 6, 10; the rest at 4, 8, 12), overlap 1,
-    mixing 0.5: replayed with LocalModel and one torch Nesterov optimizer per fragment, the server's model
-    after 12 steps each is exactly the simulator's."""
+@pytest.mark.parametrize("split", [False, True])
+def test_overlapped_outer_steps_apply_the_change_of_the_step_that_sent_it(split):
+    """Two workers, H = 4, two fragments (whole tensors: fc1.weight at steps 2, 6, 10, the rest at 4, 8, 12;
+    split: the first and second half of the flat parameters), overlap 1, mixing 0.5: replayed with LocalModel
+    and one torch Nesterov optimizer per fragment, the server's model after 12 steps each is exactly the
+    simulator's."""
     opts = ["sync.scheme=streaming_diloco", "sync.streaming_diloco.local_steps=4", "sync.streaming_diloco.fragments=2",
             "sync.streaming_diloco.overlap_steps=1", "sync.streaming_diloco.mixing=0.5", "cluster.workers=2",
-            "cluster.speeds=[1,1]", "run.max_iterations=24", "optimizer.momentum=0"]
+            "cluster.speeds=[1,1]", "run.max_iterations=24", "optimizer.momentum=0",
+            f"sync.streaming_diloco.split_tensors={str(split).lower()}"]
     backend = run_sim(*opts)
     setup = build_setup(load_config(None, FAST + ["run.stop_at_target=false", *opts]))
     layout = setup.engine.layout
+    total = sum(s.numel for s in layout)
+    if split:
+        layout = split_at_fragments(layout, 2)
+        fragment_of = equal_fragments([s.offset for s in layout], [s.numel for s in layout], 2)
+    else:
+        fragment_of = assign_fragments([s.name for s in layout], [s.numel for s in layout], 2)
+        assert fragment_of == (0, 1, 1, 1)
     slices = [slice(s.offset, s.offset + s.numel) for s in layout]
-    fragment_of = assign_fragments([s.name for s in layout], [s.numel for s in layout], 2)
-    assert fragment_of == (0, 1, 1, 1)
+    if split:
+        assert [sl for sl, f in zip(slices, fragment_of) if f == 0][-1].stop == total // 2
     params, buffers = setup.engine.initial_state()
     owned = [[sl for sl, f in zip(slices, fragment_of) if f == p] for p in range(2)]
     outer = [torch.nn.Parameter(torch.cat([params[sl] for sl in owned[p]])) for p in range(2)]
@@ -213,8 +264,12 @@ def test_fragments_cut_the_peak_upload_and_fp4_cuts_the_bytes():
     streaming = run_sim(*common, "sync.scheme=streaming_diloco", "sync.streaming_diloco.fragments=4")
     fp4 = run_sim(*common, "sync.scheme=streaming_diloco", "sync.streaming_diloco.fragments=4",
                   "sync.streaming_diloco.outer_quantization=fp4")
+    whole = run_sim(*common, "sync.scheme=streaming_diloco", "sync.streaming_diloco.fragments=4",
+                    "sync.streaming_diloco.split_tensors=false")
     peak = max(s.peak_push_bytes for s in diloco.stats)
-    assert max(s.peak_push_bytes for s in streaming.stats) < 0.5 * peak
+    assert max(s.peak_push_bytes for s in streaming.stats) == math.ceil(peak / 4 / 4) * 4  # a quarter, to the value
+    assert max(s.peak_push_bytes for s in whole.stats) > 0.3 * peak  # whole tensors: fc1.weight alone is larger
+    assert streaming.recorder.bytes_up == whole.recorder.bytes_up == diloco.recorder.bytes_up
     assert fp4.recorder.bytes_up < 0.2 * streaming.recorder.bytes_up
     assert fp4.recorder.evals[-1]["accuracy"] > 0.5
 

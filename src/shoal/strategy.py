@@ -35,14 +35,26 @@ AggregationSchedule = SimilaritySchedule | PeriodicSchedule  # (FragmentSchedule
 
 @dataclass(frozen=True)
 class Strategy:
-    """The scheme, schedules and codecs of one run's config over one model layout."""
+    """The scheme, schedules and codecs of one run's config over one model layout.
+
+    ``layout`` is the slots the synchronisation moves: the model's tensors, or, for a scheme that cuts them
+    (``SchemeSpec.sync_layout``), pieces of them. Backends slice the flat parameters by it, never by the
+    engine's layout.
+    """
 
     cfg: Config
     layout: tuple[TensorSlot, ...]
 
     @classmethod
     def from_config(cls, cfg: Config, layout: Sequence[TensorSlot]) -> "Strategy":
-        return cls(cfg, tuple(layout))
+        """The strategy of ``cfg`` over the model's ``layout`` (cut where the scheme cuts tensors)."""
+        cut = SCHEMES[cfg.sync.scheme].sync_layout
+        return cls(cfg, tuple(cut(cfg.sync, layout) if cut is not None else layout))
+
+    @property
+    def slices(self) -> list[slice]:
+        """Where each slot of ``layout`` lives in the flat parameters."""
+        return [slice(s.offset, s.offset + s.numel) for s in self.layout]
 
     # -- synchronisation -----------------------------------------------------------
 

@@ -189,6 +189,10 @@ class SchemeSpec:
     #: its own aggregation plan ``schedule(sync, layout)`` (which tensors travel at which clock), instead of
     #: "everything every local_steps" (Streaming DiLoCo's fragments)
     schedule: Callable[[Any, Sequence[Any]], Any] | None = None
+    #: the slots its plans address, ``sync_layout(sync, layout)``, when not the model's tensors: the layout with
+    #: some tensors cut into flat pieces (Streaming DiLoCo's equal fragments); every backend slices the flat
+    #: parameters, plans, codecs and outer steps by it
+    sync_layout: Callable[[Any, Sequence[Any]], Sequence[Any]] | None = None
     #: ``(steps, mixing) = overlap(sync)``: a sync's result is taken ``steps`` local steps after it was sent,
     #: mixed with the local value as ``mixing * local + (1 - mixing) * global`` (Streaming DiLoCo)
     overlap: Callable[[Any], tuple[int, float]] | None = None

@@ -13,7 +13,10 @@ theta_global``, ``alpha = sync.streaming_diloco.mixing``). The outer
 gradients may travel quantised (``outer_quantization``: int8 or fp4, with
 error feedback, compress/quantize.py).
 
-Pure parts only: the fragment assignment, the per-tensor plan
+Pure parts only: the cut of the layout at equal fragment boundaries
+(``split_at_fragments``, the scheme's ``sync_layout``: every backend slices
+the flat parameters by it, so a piece of a cut tensor travels as a tensor
+of its own), the fragment assignment, the per-tensor plan
 (``FragmentSchedule``, the same questions SIM's schedule answers) and the
 gate (``StreamingDiLoCo``). The backends drive them as they drive local
 SGD: workers step their own models (backends/local_model.py), the server
@@ -22,9 +25,11 @@ takes a per-tensor outer Nesterov step (``Replica.add_delta`` with a mask).
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from shoal.config import fragment_offsets, max_overlap
@@ -33,6 +38,54 @@ from shoal.sync.localsgd import LocalSGD, PeriodicSchedule
 
 if TYPE_CHECKING:  # naming the schemes must not import torch (shoal route needs none)
     import torch
+
+    from shoal.engine.gradients import TensorSlot
+
+
+def fragment_bounds(total: int, fragments: int) -> tuple[int, ...]:
+    """The ``fragments - 1`` inner boundaries that cut ``total`` values into equal shares (within one value)."""
+    return tuple(total * k // fragments for k in range(1, fragments))
+
+
+def split_at_fragments(layout: Sequence[TensorSlot], fragments: int) -> tuple[TensorSlot, ...]:
+    """The layout with every tensor that a fragment boundary falls inside cut there.
+
+    The flat parameters are cut at ``fragment_bounds``; a cut tensor becomes
+    flat pieces named ``name[a:b]`` (its values a to b), each a slot of its
+    own, so plans, codecs and outer steps treat it as a tensor. At most
+    ``fragments - 1`` tensors are cut; a layout no boundary falls inside is
+    returned as it was.
+    """
+    if fragments < 1:
+        raise ValueError("fragments must be >= 1")
+    base = layout[0].offset if layout else 0
+    bounds = [base + b for b in fragment_bounds(sum(s.numel for s in layout), fragments)]
+    out: list[TensorSlot] = []
+    for slot in layout:
+        start, end = slot.offset, slot.offset + slot.numel
+        edges = [start, *(b for b in bounds if start < b < end), end]
+        if len(edges) == 2:
+            out.append(slot)
+            continue
+        out.extend(replace(slot, name=f"{slot.name}[{a - start}:{b - start}]", shape=(b - a,), offset=a, numel=b - a)
+                   for a, b in zip(edges, edges[1:]))
+    return tuple(out)
+
+
+def equal_fragments(offsets: Sequence[int], numels: Sequence[int], fragments: int) -> tuple[int, ...]:
+    """Each slot's fragment when the layout was cut by ``split_at_fragments``: the share its first value lies in
+    (a slot never crosses a boundary). With at least ``fragments`` values every fragment gets a slot."""
+    if sum(numels) < fragments:
+        raise ValueError(f"{fragments} equal fragments need at least {fragments} parameter values")
+    base = offsets[0] if offsets else 0
+    bounds = fragment_bounds(sum(numels), fragments)
+    out = []
+    for offset, numel in zip(offsets, numels):
+        fragment = bisect.bisect_right(bounds, offset - base)
+        if fragment < fragments - 1 and offset - base + numel > bounds[fragment]:
+            raise ValueError(f"the slot at {offset} crosses a fragment boundary: cut the layout first")
+        out.append(fragment)
+    return tuple(out)
 
 
 def assign_fragments(names: Sequence[str], numels: Sequence[int], fragments: int,
@@ -191,11 +244,25 @@ class StreamingDiLoCo(LocalSGD):
         return latest
 
 
-def streaming_schedule(sync, layout) -> FragmentSchedule:  # noqa: ANN001 (config section and layout)
-    """The fragment plan of ``[sync.streaming_diloco]`` over a model layout."""
+def splits(sync) -> bool:  # noqa: ANN001 (config section)
+    """Whether ``[sync.streaming_diloco]`` cuts tensors at equal fragment boundaries (no pattern)."""
     opts = sync.streaming_diloco
-    fragment_of = assign_fragments([s.name for s in layout], [s.numel for s in layout], opts.fragments,
-                                   opts.fragment_pattern)
+    return opts.split_tensors and opts.fragment_pattern is None
+
+
+def streaming_layout(sync, layout: Sequence[TensorSlot]) -> Sequence[TensorSlot]:  # noqa: ANN001
+    """The slots Streaming DiLoCo moves: the layout cut at equal fragment boundaries, or the tensors whole."""
+    return split_at_fragments(layout, sync.streaming_diloco.fragments) if splits(sync) else layout
+
+
+def streaming_schedule(sync, layout) -> FragmentSchedule:  # noqa: ANN001 (config section and layout)
+    """The fragment plan of ``[sync.streaming_diloco]`` over the layout ``streaming_layout`` made."""
+    opts = sync.streaming_diloco
+    if splits(sync):
+        fragment_of = equal_fragments([s.offset for s in layout], [s.numel for s in layout], opts.fragments)
+    else:
+        fragment_of = assign_fragments([s.name for s in layout], [s.numel for s in layout], opts.fragments,
+                                       opts.fragment_pattern)
     return FragmentSchedule(fragment_of, opts.local_steps, opts.fragments, opts.overlap_steps, opts.fragment_order)
 
 
@@ -210,6 +277,7 @@ register_scheme(SchemeSpec("streaming_diloco", policy=_policy,
                            local_steps=lambda sync: sync.streaming_diloco.local_steps,
                            outer=lambda sync: (sync.streaming_diloco.outer_lr, sync.streaming_diloco.outer_momentum),
                            schedule=streaming_schedule,
+                           sync_layout=streaming_layout,
                            overlap=lambda sync: (sync.streaming_diloco.overlap_steps, sync.streaming_diloco.mixing),
                            outer_codec=lambda sync: sync.streaming_diloco.outer_quantization,
                            color="#e377c2",

@@ -348,7 +348,7 @@ class ActorSetup:
                                              self.strategy.broadcast_codec(g)) for g, s in enumerate(self.servers)])
 
     def _slices(self) -> list[tuple[int, int]]:
-        return [(s.offset, s.offset + s.numel) for s in self.setup.engine.layout]
+        return [(s.start, s.stop) for s in self.strategy.slices]
 
     def _launch(self, w: int) -> None:
         """Start ``w``'s loop on its current route."""

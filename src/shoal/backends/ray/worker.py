@@ -78,12 +78,12 @@ class Worker:
         self.engine.to(self.device)
         self.strategy = Strategy.from_config(cfg, self.engine.layout)  # the driver's, rebuilt from the same config
         self.codec = self.strategy.codec(worker)
-        self.slices = [slice(t.offset, t.offset + t.numel) for t in self.engine.layout]
+        self.slices = self.strategy.slices
         self.local: LocalModel | None = None  # SIM: this worker's own model copy and a codec for its changes
         self.delta_codec: GradientCodec | None = None
         if self.strategy.local_models:
             params, buffers = self.engine.initial_state()
-            self.local = LocalModel(params.cpu(), buffers.cpu(), cfg.optimizer, self.engine.layout)
+            self.local = LocalModel(params.cpu(), buffers.cpu(), cfg.optimizer, self.strategy.layout)
             self.delta_codec = self.strategy.delta_codec(worker)
         # Streaming DiLoCo's overlap: a sync's transfer time runs beside the next inner steps
         self.overlap, self.mixing = self.strategy.overlap

@@ -74,7 +74,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         self.noise = NoiseScale(self.cfg.data.batch_size) if self.balancer is None else None
         self.gradients = self._init_compute()
         policy = self.gssp.policy(0) if self.gssp else self.strategy.policy(range(n))
-        self.slices = [slice(s.offset, s.offset + s.numel) for s in setup.engine.layout]
+        self.slices = self.strategy.slices
         self.lr = self.cfg.optimizer.lr
         self.server_opt = self.strategy.server_optimizer
         self.servers = [self._make_server(policy, self._initial_replica(), self._new_schedule())]
@@ -117,7 +117,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         if not self.strategy.local_models or not self.setup.train_mode:
             return []
         params, buffers = self.setup.engine.initial_state()
-        return [LocalModel(params, buffers, self.cfg.optimizer, self.setup.engine.layout) for _ in self.stats]
+        return [LocalModel(params, buffers, self.cfg.optimizer, self.strategy.layout) for _ in self.stats]
 
     def _make_codecs(self, make: Callable[[int], GradientCodec | None]) -> list[GradientCodec]:
         """Every worker's codec from the strategy (empty without a compressor)."""

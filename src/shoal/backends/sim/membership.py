@@ -55,7 +55,7 @@ class SimMembership:
             self.delta_codecs.append(self.strategy.delta_codec(w))
         if self.locals:
             params, buffers = self.setup.engine.initial_state()
-            self.locals.append(LocalModel(params, buffers, self.cfg.optimizer, self.setup.engine.layout))
+            self.locals.append(LocalModel(params, buffers, self.cfg.optimizer, self.strategy.layout))
         group = self.gssp.join(w) if self.gssp is not None else 0
         if self.gssp is None:
             self.servers[0].policy.add(w)
