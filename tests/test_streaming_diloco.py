@@ -361,3 +361,18 @@ def test_an_overlapped_exchange_takes_the_time_of_the_bytes_it_accounts():
     fp4 = run_sim(*common, "sync.streaming_diloco.outer_quantization=fp4")
     assert fp4.recorder.bytes_down < 0.5 * dense.recorder.bytes_down
     assert fp4.env.now < 0.3 * dense.env.now, (fp4.env.now, dense.env.now)
+
+
+def test_the_dry_run_states_the_fragments_and_the_share_of_the_largest_upload():
+    def plan(*extra: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "shoal", "train", "--config", str(ROOT / "examples/demo.toml"),
+                               "--set", "sync.scheme=streaming_diloco", "--set", "sync.streaming_diloco.local_steps=8",
+                               *extra, "--dry-run"], capture_output=True, text=True, timeout=100)
+        assert done.returncode == 0, done.stderr
+        return next(line for line in done.stdout.splitlines() if line.startswith("plan: "))
+
+    split = plan()
+    assert split == ("plan: 4 fragments of 15,426, 15,427, 15,426, 15,427 values, synchronised after local steps "
+                     "2, 4, 6, 8 of every 8 (staggered), overlap 1; the largest upload is 0.250 of the model")
+    whole = plan("--set", "sync.streaming_diloco.split_tensors=false")
+    assert whole.endswith("is 0.820 of the model")  # whole tensors: LeNet-5's first linear layer is most of it

@@ -17,6 +17,7 @@ from shoal.engine.metrics import RunRecorder, write_json_atomic
 from shoal.errors import InternalError
 from shoal.engine.setup import RunSetup, build_setup
 from shoal.strategy import Strategy
+from shoal.sync.localsgd import PeriodicSchedule
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "model.safetensors")
 
@@ -112,6 +113,8 @@ def dry_run(cfg: Config) -> list[str]:
                                                      if strategy.compressed else "")
         + ("; SIM on" if cfg.compression.similarity.enabled else ""),
         f"aggregation: {cfg.network.aggregation}",
+        *([f"plan: {schedule.describe([s.numel for s in strategy.layout])}"]
+          if isinstance(schedule := strategy.aggregation_schedule(), PeriodicSchedule) else []),
         f"stops: {cfg.task.metric} {'target ' + format(target, 'g') if target is not None else 'without a target'}, "
         f"at most {cfg.run.max_time_s:g} s" + (f" or {cfg.run.max_iterations} iterations" if cfg.run.max_iterations
                                               else ""),

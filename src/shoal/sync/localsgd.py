@@ -143,6 +143,11 @@ class PeriodicSchedule:
     def plan(self, clock: int) -> tuple[bool, ...]:
         return (clock < 0 or self.periods.is_sync(clock),) * self.num_tensors
 
+    def describe(self, numels: Sequence[int]) -> str:
+        """The plan in one line (``shoal train --dry-run``), over the slots' sizes."""
+        warmup = f" after {self.warmup_steps} steps that average every step" if self.warmup_steps else ""
+        return f"every tensor ({sum(numels):,} values) averaged every {self.local_steps} local steps{warmup}"
+
     def on_round(self, clock: int, changes: Sequence[torch.Tensor], slices: Sequence[slice]) -> None:
         """The averaging of ``clock`` closed with these workers' changes (a plan that adapts to them may look)."""
 

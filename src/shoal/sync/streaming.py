@@ -193,6 +193,15 @@ class FragmentSchedule(PeriodicSchedule):
         fragment = self.fragment_at(clock)
         return tuple(f == fragment for f in self.fragment_of) if fragment is not None else (False,) * self.num_tensors
 
+    def describe(self, numels: Sequence[int]) -> str:
+        """The fragments' sizes and turns in one line, and the largest upload against the whole model's."""
+        sizes = [sum(n for n, f in zip(numels, self.fragment_of) if f == p) for p in range(self.fragments)]
+        shown = f"{sizes[0]:,} values each" if len(set(sizes)) == 1 else ", ".join(f"{v:,}" for v in sizes) + " values"
+        turns = sorted(o or self.local_steps for o in self.offsets)
+        return (f"{self.fragments} fragments of {shown}, synchronised after local steps "
+                f"{', '.join(map(str, turns))} of every {self.local_steps} ({self.order}), overlap {self.overlap}; "
+                f"the largest upload is {max(sizes) / sum(sizes):.3f} of the model")
+
     def fresh(self, clock: int) -> tuple[bool, ...]:
         """The tensors to take from the server before local step ``clock``: everything before the first step,
         then the fragment sent at the end of step ``clock - 1 - overlap``."""
