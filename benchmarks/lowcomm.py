@@ -107,10 +107,18 @@ def answers_of(result: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def bytes_ratio(mine: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    """How many times fewer bytes ``mine`` moved to the target than ``base`` (ratio of medians; None if either
-    median never reached it)."""
+    """How many times fewer bytes ``mine`` moved to the target than ``base``: the ratio of medians (None if either
+    median never reached it), its bootstrap 95% interval (seeds resampled independently) and the Mann-Whitney p
+    of the per-seed bytes (a seed that never reached the target counts as more bytes than any that did)."""
+    from shoal.report.tuning import mann_whitney, speedup_interval
+
     a, b = mine.get("bytes_to_target"), base.get("bytes_to_target")
-    return {"mine": a, "base": b, "fewer_x": None if not a or b is None else round(b / a, 3)}
+    seeds = {side: [s.get("bytes_to_target") for s in row.get("seeds", [])] for side, row in (("mine", mine),
+                                                                                                ("base", base))}
+    ci = speedup_interval(seeds["base"], seeds["mine"])["ci95"] if seeds["mine"] and seeds["base"] else None
+    return {"mine": a, "base": b, "fewer_x": None if not a or b is None else round(b / a, 3),
+            "ci95": None if ci is None else [None if v is None else round(v, 3) for v in ci],
+            "p_value": mann_whitney(seeds["mine"], seeds["base"])}
 
 
 def peak_ratio(mine: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
@@ -133,7 +141,10 @@ def quality_at_target(out: Path, mine: dict[str, Any], base: dict[str, Any], tar
         if before:
             value = before[-1].get("value", before[-1].get("accuracy"))
             changes.append(round((value - target) / abs(target), 6))
-    return {"per_seed": changes, "median": statistics.median(changes) if changes else None}
+    from shoal.report.tuning import interval
+
+    return {"per_seed": changes, "median": statistics.median(changes) if changes else None,
+            "ci95": interval(changes)["ci95"] if changes else None}
 
 
 def report(name: str, study: dict[str, Any], result: dict[str, Any], answers: dict[str, Any]) -> str:
@@ -142,9 +153,9 @@ def report(name: str, study: dict[str, Any], result: dict[str, Any], answers: di
     for row in result["rows"]:
         lines.append(f"| {row['scheme']} | {_bytes(row.get('bytes_to_target'))} | {_bytes(row.get('peak_push_bytes'))} |")
     s, f = answers["streaming_bytes_vs_bsp"], answers.get("fp4_bytes_vs_bsp")
-    with_fp4 = f", with fp4 {_x(f['fewer_x'])} fewer" if f else ""
-    lines += ["", f"**Bytes to target against BSP**: Streaming DiLoCo {_x(s['fewer_x'])} fewer{with_fp4} "
-                  "(ratio of medians)."]
+    with_fp4 = f", with fp4 {_fewer(f)}" if f else ""
+    lines += ["", f"**Bytes to target against BSP**: Streaming DiLoCo {_fewer(s)}{with_fp4} "
+                  "(ratio of medians, bootstrap 95% interval, Mann-Whitney p of the per-seed bytes)."]
     for key, title in (("streaming_vs_diloco", "Streaming DiLoCo against tuned DiLoCo"),
                        ("post_local_vs_localsgd", "Post-local SGD against fixed-H local SGD"),
                        ("adacomm_vs_localsgd", "AdaComm against fixed-H local SGD"),
@@ -155,22 +166,34 @@ def report(name: str, study: dict[str, Any], result: dict[str, Any], answers: di
         if key not in answers:
             continue
         a = answers[key]
-        sp, p = a["speedup"]["value"], a["p_value"]
-        extra = f"; {_x(a['bytes']['fewer_x'])} fewer bytes" if "bytes" in a else ""
-        lines += ["", f"**{title}** ({a['mine']} vs {a['base']}): speed-up of medians {_x(sp)}, Mann-Whitney "
-                      f"p = {'-' if p is None else f'{p:.3g}'}{extra}."]
+        sp, ci, p = a["speedup"]["value"], a["speedup"].get("ci95"), a["p_value"]
+        interval = f" (95% interval {_x(ci[0])}..{_x(ci[1])})" if ci else ""
+        extra = f"; bytes: {_fewer(a['bytes'])}" if "bytes" in a else ""
+        lines += ["", f"**{title}** ({a['mine']} vs {a['base']}): speed-up of medians {_x(sp)}{interval}, "
+                      f"Mann-Whitney p = {'-' if p is None else f'{p:.3g}'}{extra}."]
     peak = answers["peak_upload_vs_diloco"]
     lines += ["", f"**Peak upload**: Streaming DiLoCo's is {peak['ratio']} of DiLoCo's."]
     if "fp4_at_target" in answers:
-        q = answers["fp4_at_target"]["median"]
+        q, ci = answers["fp4_at_target"]["median"], answers["fp4_at_target"].get("ci95")
         at_target = "-" if q is None else f"{100 * q:+.2f}%"
+        if ci and None not in ci:
+            at_target += f" (95% interval {100 * ci[0]:+.2f}%..{100 * ci[1]:+.2f}%)"
         lines += ["", f"**fp4 at the target**: when float32 Streaming DiLoCo reached the target, fp4's metric was "
                       f"{at_target} from it (median over seeds)."]
     return "\n".join(lines) + "\n"
 
 
 def _bytes(value: float | None) -> str:
-    return "-" if value is None else f"{value / 1e6:.1f} MB"
+    if value is None:
+        return "-"
+    return f"{value / 1e6:.1f} MB" if value >= 1e6 else f"{value / 1e3:.1f} KB"
+
+
+def _fewer(ratio: dict[str, Any]) -> str:
+    """``bytes_ratio``'s answer in words: "20.0x fewer (interval 18.1x..21.9x, p = 0.00016)"."""
+    ci, p = ratio.get("ci95"), ratio.get("p_value")
+    interval = f"interval {_x(ci[0])}..{_x(ci[1])}, " if ci else ""
+    return f"{_x(ratio['fewer_x'])} fewer ({interval}p = {'-' if p is None else f'{p:.2g}'})"
 
 
 def _x(value: float | None) -> str:

@@ -61,3 +61,22 @@ def test_the_queue_unpacks_the_kept_runs_then_resumes_every_study_in_order(tmp_p
     calls = log.read_text().splitlines()
     assert calls[0] == "benchmarks/run_archive.py restore"
     assert calls[1:] == [f"benchmarks/{script} {study} --jobs 2 --resume" for script, study in queued()]
+
+
+def test_a_byte_ratio_carries_its_interval_and_p_value():
+    """Ten seeds each, ``mine`` moving a tenth of ``base``'s bytes: 10x fewer, an interval around it from the
+    bootstrap, and scipy's p-value of two fully separated samples (to the 3 digits kept)."""
+    from scipy.stats import mannwhitneyu
+
+    mine = {"bytes_to_target": 10.5, "seeds": [{"bytes_to_target": 10.0 + i / 10} for i in range(10)]}
+    base = {"bytes_to_target": 105.0, "seeds": [{"bytes_to_target": 100.0 + i} for i in range(10)]}
+    ratio = lowcomm.bytes_ratio(mine, base)
+    assert ratio["fewer_x"] == 10.0 and ratio["ci95"][0] <= 10.0 <= ratio["ci95"][1]
+    assert 9.0 < ratio["ci95"][0] and ratio["ci95"][1] < 11.0
+    expected = mannwhitneyu([s["bytes_to_target"] for s in mine["seeds"]],
+                            [s["bytes_to_target"] for s in base["seeds"]], alternative="two-sided").pvalue
+    assert ratio["p_value"] == pytest.approx(expected, rel=1e-2)
+    assert "10.00x fewer (interval" in lowcomm._fewer(ratio)
+    never = lowcomm.bytes_ratio({"bytes_to_target": None, "seeds": [{"bytes_to_target": None}] * 10}, base)
+    tied = mannwhitneyu([1e9] * 10, [s["bytes_to_target"] for s in base["seeds"]], alternative="two-sided").pvalue
+    assert never["fewer_x"] is None and never["p_value"] == pytest.approx(tied, rel=1e-2)  # unreached: the most
