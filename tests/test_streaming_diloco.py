@@ -348,6 +348,15 @@ def test_streaming_diloco_from_the_cli_records_its_peak_upload(tmp_path):
                           "--set", "sync.scheme=streaming_diloco", "--set", "sync.streaming_diloco.overlap_steps=99",
                           "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=100)
     assert bad.returncode == 2 and "overlap_steps" in bad.stderr and "Traceback" not in bad.stderr
+    # known only once the model is built: more whole-tensor fragments than LeNet-5 has tensors
+    uncovered = subprocess.run([sys.executable, "-m", "shoal", "train", "--config", str(ROOT / "examples/demo.toml"),
+                                "--set", "sync.scheme=streaming_diloco", "--set", "sync.streaming_diloco.fragments=16",
+                                "--set", "sync.streaming_diloco.split_tensors=false", "--out", str(tmp_path / "bad2")],
+                               capture_output=True, text=True, timeout=100)
+    assert uncovered.returncode == 2 and "Traceback" not in uncovered.stderr
+    assert uncovered.stderr.strip() == ("error: sync.streaming_diloco: 16 fragments but the model has only 10 "
+                                        "parameter tensors")
+    assert not (tmp_path / "bad2").exists()
 
 
 def test_an_overlapped_exchange_takes_the_time_of_the_bytes_it_accounts():

@@ -33,6 +33,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from shoal.config import fragment_offsets, max_overlap
+from shoal.errors import ConfigError
 from shoal.sync.base import SchemeSpec, register_scheme
 from shoal.sync.localsgd import LocalSGD, PeriodicSchedule
 
@@ -265,13 +266,17 @@ def streaming_layout(sync, layout: Sequence[TensorSlot]) -> Sequence[TensorSlot]
 
 
 def streaming_schedule(sync, layout) -> FragmentSchedule:  # noqa: ANN001 (config section and layout)
-    """The fragment plan of ``[sync.streaming_diloco]`` over the layout ``streaming_layout`` made."""
+    """The fragment plan of ``[sync.streaming_diloco]`` over the layout ``streaming_layout`` made; a model the
+    fragments cannot cover (fewer tensors than fragments, a pattern that leaves one empty) is bad input."""
     opts = sync.streaming_diloco
-    if splits(sync):
-        fragment_of = equal_fragments([s.offset for s in layout], [s.numel for s in layout], opts.fragments)
-    else:
-        fragment_of = assign_fragments([s.name for s in layout], [s.numel for s in layout], opts.fragments,
-                                       opts.fragment_pattern)
+    try:
+        if splits(sync):
+            fragment_of = equal_fragments([s.offset for s in layout], [s.numel for s in layout], opts.fragments)
+        else:
+            fragment_of = assign_fragments([s.name for s in layout], [s.numel for s in layout], opts.fragments,
+                                           opts.fragment_pattern)
+    except ValueError as exc:
+        raise ConfigError(f"sync.streaming_diloco: {exc}") from None
     return FragmentSchedule(fragment_of, opts.local_steps, opts.fragments, opts.overlap_steps, opts.fragment_order)
 
 
