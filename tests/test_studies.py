@@ -3,6 +3,7 @@ queue of several hours cannot stop at its third study on a config error."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import balance  # noqa: E402
+import check_results  # noqa: E402
 import evidence  # noqa: E402
 import lowcomm  # noqa: E402
 
@@ -80,3 +82,32 @@ def test_a_byte_ratio_carries_its_interval_and_p_value():
     never = lowcomm.bytes_ratio({"bytes_to_target": None, "seeds": [{"bytes_to_target": None}] * 10}, base)
     tied = mannwhitneyu([1e9] * 10, [s["bytes_to_target"] for s in base["seeds"]], alternative="two-sided").pvalue
     assert never["fewer_x"] is None and never["p_value"] == pytest.approx(tied, rel=1e-2)  # unreached: the most
+
+
+def test_every_committed_study_results_file_keeps_the_protocols_promises():
+    """Committed code at a clean tree, defaults frozen at or before it, disjoint seeds, >= 10 evaluation seeds,
+    intervals and p-values (benchmarks/check_results.py)."""
+    if not check_results.git_ok("rev-parse", "--verify", "HEAD"):
+        pytest.skip("not a git checkout: the commits cannot be checked")
+    files = check_results.study_files()
+    assert files, "no study results file found"
+    assert [line for path in files for line in check_results.problems(path)] == []
+
+
+def test_a_results_file_that_breaks_the_protocol_is_told_what_it_broke(tmp_path):
+    good = json.loads((check_results.RESULTS / "balance-lm-tiers.json").read_text())
+    bad = json.loads(json.dumps(good))
+    bad["git_commit"] = "0" * 40
+    bad["dirty_tree"] = True
+    bad["compare"]["tuning_seeds"] = [0, 1, 2]
+    bad["compare"]["eval_seeds"] = list(range(2, 11))
+    bad["compare"]["rows"][0]["seeds"] = bad["compare"]["rows"][0]["seeds"][:5]
+    bad["compare"]["rows"][1]["time_to_target_interval"]["ci95"] = None
+    path = tmp_path / "balance-broken.json"
+    path.write_text(json.dumps(bad))
+    found = check_results.problems(path)
+    for expected in ("is not in this repository's history", "uncommitted changes", "seeds overlap: [2]",
+                     "9 evaluation seeds, fewer than 10", "row bsp: seeds", "no bootstrap interval",
+                     "no balance-broken.md beside it"):
+        assert any(expected in line for line in found), (expected, found)
+    assert check_results.main([str(path)]) == 1
