@@ -146,7 +146,8 @@ class PeriodicSchedule:
     def describe(self, numels: Sequence[int]) -> str:
         """The plan in one line (``shoal train --dry-run``), over the slots' sizes."""
         warmup = f" after {self.warmup_steps} steps that average every step" if self.warmup_steps else ""
-        return f"every tensor ({sum(numels):,} values) averaged every {self.local_steps} local steps{warmup}"
+        every = "every step" if self.local_steps == 1 else f"every {self.local_steps} local steps"
+        return f"every tensor ({sum(numels):,} values) averaged {every}{warmup}"
 
     def on_round(self, clock: int, changes: Sequence[torch.Tensor], slices: Sequence[slice]) -> None:
         """The averaging of ``clock`` closed with these workers' changes (a plan that adapts to them may look)."""
