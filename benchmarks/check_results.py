@@ -15,8 +15,14 @@ reviewer trusts one, this checks what the closing notes used to check by hand:
 
 Usage:
     .venv/bin/python benchmarks/check_results.py [FILE ...]   # default: every study file
+    .venv/bin/python benchmarks/check_results.py --reproduces OLD.json NEW.json
 
 Prints one line per problem and exits 1 if there is any (0: every file keeps its promises).
+``--reproduces`` compares two versions of one study (an older one from git:
+``git show REV:benchmarks/results/NAME.json > OLD.json``): every run both
+made, tuning and evaluation, must reach the target at the same virtual time
+and end within 1e-6 of the same metric (the simulator is deterministic, so a
+run whose config and code path did not change gives the same numbers).
 """
 
 from __future__ import annotations
@@ -98,7 +104,43 @@ def _row_problems(compare: dict[str, Any]) -> list[str]:
     return out
 
 
+def run_results(record: dict[str, Any]) -> dict[str, tuple[float | None, float | None]]:
+    """Every run of a study results file, tuning and evaluation: run folder -> (time to target, final metric)."""
+    out = {}
+    for row in record.get("compare", {}).get("rows", []):
+        for point in row.get("tuning") or []:
+            finals = point.get("final_score", point.get("final_accuracy", []))
+            for run_dir, t, final in zip(point["run_dirs"], point["time_to_target_s"], finals):
+                out[run_dir] = (t, None if final is None else abs(final))
+        for seed in row.get("seeds", []):
+            final = seed.get("final_metric", seed.get("final_accuracy"))
+            out[seed["run_dir"]] = (seed.get("time_to_target_s"), None if final is None else abs(final))
+    return out
+
+
+def reproduction(old: Path, new: Path) -> tuple[int, list[str]]:
+    """How many runs both files made, and one line per run whose numbers differ."""
+    before, after = (run_results(json.loads(p.read_text())) for p in (old, new))
+    common = sorted(set(before) & set(after))
+    differ = []
+    for run_dir in common:
+        (t0, m0), (t1, m1) = before[run_dir], after[run_dir]
+        same_metric = m0 == m1 or (m0 is not None and m1 is not None and abs(m0 - m1) <= 1e-6 * max(abs(m0), 1e-12))
+        if t0 != t1 or not same_metric:
+            differ.append(f"{run_dir}: time to target {t0} -> {t1}, final metric {m0} -> {m1}")
+    return len(common), differ
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--reproduces"]:
+        if len(argv) != 3:
+            print("usage: check_results.py --reproduces OLD.json NEW.json")
+            return 2
+        common, differ = reproduction(Path(argv[1]), Path(argv[2]))
+        for line in differ:
+            print(line)
+        print(f"{common - len(differ)} of the {common} runs both files made give the same numbers")
+        return 1 if differ else 0
     paths = [Path(a) for a in argv] or study_files()
     found = [line for path in paths for line in problems(path)]
     for line in found:

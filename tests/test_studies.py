@@ -111,3 +111,17 @@ def test_a_results_file_that_breaks_the_protocol_is_told_what_it_broke(tmp_path)
                      "no balance-broken.md beside it"):
         assert any(expected in line for line in found), (expected, found)
     assert check_results.main([str(path)]) == 1
+
+
+def test_a_study_rerun_is_compared_run_by_run_with_the_version_before(tmp_path):
+    old = json.loads((check_results.RESULTS / "balance-lm-tiers.json").read_text())
+    new = json.loads(json.dumps(old))
+    new["compare"]["rows"][0]["seeds"][3]["time_to_target_s"] += 0.1  # one run changed
+    new["compare"]["rows"][1]["seeds"][0]["final_metric"] *= 1 + 1e-8  # float rounding: the same
+    paths = [tmp_path / "old.json", tmp_path / "new.json"]
+    for path, record in zip(paths, (old, new)):
+        path.write_text(json.dumps(record))
+    common, differ = check_results.reproduction(*paths)
+    assert common == len(check_results.run_results(old)) > 100
+    assert len(differ) == 1 and differ[0].startswith(old["compare"]["rows"][0]["seeds"][3]["run_dir"])
+    assert check_results.main(["--reproduces", str(paths[0]), str(paths[0])]) == 0
