@@ -1,4 +1,4 @@
-"""SIM's similarity signal on the transformer LM: does it carry information? (issue 40, item 4)
+"""SIM's similarity signal on the new workloads: does it carry information? (issue 40, item 4)
 
 SIM skips a tensor while the workers' updates for it are similar. Whether
 that signal exists is measured here, without letting it change training:
@@ -7,7 +7,9 @@ clock, so the runs are plain BSP) records, per clock and tensor, the mean
 cosine of each worker's update with the aggregate and the signal-to-noise
 ratio it implies (0 at the noise floor 1/sqrt(n) of n workers whose updates
 are pure noise). Varied: workers (4, 16), batch size (8, 32, 128) and the
-partition (IID, by_source: each worker a few whole modules).
+partition: IID, and the workload's non-IID split (the transformer LM:
+by_source, each worker a few whole modules; the BN image workload, which
+has no sources: dirichlet:0.1, each worker's classes skewed).
 
 Reported per configuration: the median measured cosine over tensors and
 clocks against the floor 1/sqrt(n), the share of (tensor, clock) pairs whose
@@ -16,10 +18,11 @@ share in the first and the last third of the run; a plot per configuration
 of each tensor's cosine over clocks with the floor drawn in
 (benchmarks/results/sim_signal/*.png).
 
-Usage: .venv/bin/python benchmarks/sim_signal.py [--steps 300] [--quick] [--resume]
-Results: benchmarks/results/sim_signal.{json,md} and benchmarks/results/sim_signal/.
-Each finished configuration's row is kept in runs/sim_signal/rows.jsonl; ``--resume`` reuses the rows
-measured with the same number of rounds (a run of 16 workers at batch 128 takes an hour on this CPU).
+Usage: .venv/bin/python benchmarks/sim_signal.py [lm|shapes] [--steps 300] [--quick] [--jobs 2] [--resume]
+Results: benchmarks/results/sim_signal.{json,md} (lm), sim_signal-shapes.{json,md} (shapes), plots in
+benchmarks/results/sim_signal/. Each configuration is a run folder in runs/evidence/sim-signal-WORKLOAD/
+(kept in git by benchmarks/run_archive.py); ``--resume`` reads a finished one with the same rounds instead
+of running it again (a run of 16 workers at batch 128 takes an hour on this CPU).
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ import json
 import math
 import statistics
 import sys
-import tempfile
+import tomllib
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -39,65 +44,88 @@ from tuned import RESULTS, ROOT, provenance, write_results
 MEASURE = ["compression.similarity.enabled=true", "compression.similarity.max_period=1",
            "compression.similarity.warmup_iterations=0", "compression.similarity.min_numel=0",
            "run.stop_at_target=false", "backend.log_iterations=false", "run.max_time_s=100000"]
+#: workload -> its example config, its two partitions, its results file, the plots' prefix, its name in titles
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "lm": {"config": "examples/stdlib_lm.toml", "partitions": ("iid", "by_source"), "results": "sim_signal",
+           "prefix": "", "title": "the transformer LM"},
+    "shapes": {"config": "examples/shapes_bn.toml", "partitions": ("iid", "dirichlet:0.1"),
+               "results": "sim_signal-shapes", "prefix": "shapes-", "title": "the BN image workload"},
+}
+RUNS = ROOT / "runs" / "evidence"
+Config = tuple[int, int, str]  # workers, batch, partition
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workload", nargs="?", default="lm", choices=sorted(WORKLOADS))
     parser.add_argument("--steps", type=int, default=300, help="BSP rounds per run")
     parser.add_argument("--quick", action="store_true", help="4 workers, batch 32, both partitions, 60 rounds")
-    parser.add_argument("--resume", action="store_true", help="reuse the rows already measured (same rounds)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    parser.add_argument("--resume", action="store_true", help="read the finished runs with the same rounds")
     args = parser.parse_args(argv)
-    grid = ([(4, 32, "iid"), (4, 32, "by_source")] if args.quick else
-            list(itertools.product((4, 16), (8, 32, 128), ("iid", "by_source"))))
+    spec = WORKLOADS[args.workload]
+    grid: list[Config] = ([(4, 32, p) for p in spec["partitions"]] if args.quick else
+                          list(itertools.product((4, 16), (8, 32, 128), spec["partitions"])))
     steps = 60 if args.quick else args.steps
-    rows = []
+    folder = RUNS / f"sim-signal-{args.workload}"
+    todo = [c for c in grid if not (args.resume and finished_events(run_folder(folder, c), steps) is not None)]
+    if todo:
+        with ProcessPoolExecutor(max(1, args.jobs), mp_context=get_context("spawn")) as pool:
+            for config, _ in zip(todo, pool.map(measure, [args.workload] * len(todo), todo, [steps] * len(todo),
+                                                [run_folder(folder, c) for c in todo])):
+                print(f"measured {args.workload} {config}", flush=True)
     plots = RESULTS / "sim_signal"
     plots.mkdir(parents=True, exist_ok=True)
-    kept = kept_rows(steps) if args.resume else {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for workers, batch, partition in grid:
-            row = kept.get((workers, batch, partition))
-            if row is None or not (ROOT / row["plot"]).exists():
-                events = measure(workers, batch, partition, steps, Path(tmp) / f"{workers}-{batch}-{partition}")
-                row = summarise(events, workers, batch, partition)
-                row["plot"] = str(plot(events, workers, plots / f"w{workers}-b{batch}-{partition}.png",
-                                       f"{workers} workers, batch {batch}, {partition}").relative_to(ROOT))
-                keep_row(row, steps)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    write_results("sim_signal", {**provenance(), "steps": steps, "rows": rows}, markdown(rows, steps))
+    rows = []
+    for workers, batch, partition in grid:
+        events = finished_events(run_folder(folder, (workers, batch, partition)), steps)
+        assert events is not None, "every configuration was measured above"
+        row = summarise(events, workers, batch, partition)
+        name = f"{spec['prefix']}w{workers}-b{batch}-{partition.replace(':', '')}.png"
+        row["plot"] = str(plot(events, workers, plots / name, f"{workers} workers, batch {batch}, "
+                               f"{partition}").relative_to(ROOT))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    write_results(spec["results"], {**provenance(), "workload": args.workload, "steps": steps, "rows": rows},
+                  markdown(rows, steps, spec))
 
 
-ROWS = ROOT / "runs" / "sim_signal" / "rows.jsonl"
+def run_folder(folder: Path, config: Config) -> Path:
+    workers, batch, partition = config
+    return folder / f"w{workers}-b{batch}-{partition.replace(':', '')}"
 
 
-def kept_rows(steps: int) -> dict[tuple[int, int, str], dict[str, Any]]:
-    """The rows a previous run of this script measured with ``steps`` rounds, by configuration."""
-    if not ROWS.exists():
-        return {}
-    with open(ROWS) as lines:
-        entries = [json.loads(line) for line in lines if line.strip()]
-    return {(e["row"]["workers"], e["row"]["batch"], e["row"]["partition"]): e["row"]
-            for e in entries if e["steps"] == steps}
-
-
-def keep_row(row: dict[str, Any], steps: int) -> None:
-    """Append a finished configuration's row, so that an interrupted grid resumes after it."""
-    ROWS.parent.mkdir(parents=True, exist_ok=True)
-    with open(ROWS, "a") as out:
-        out.write(json.dumps({"steps": steps, "row": row}) + "\n")
-
-
-def measure(workers: int, batch: int, partition: str, steps: int, out: Path) -> list[dict[str, Any]]:
-    """The sim events of a BSP run on the LM that measures similarity and never skips."""
+def signal_config(workload: str, config: Config, steps: int) -> Any:
+    """The BSP run on ``workload`` that measures similarity every clock and never skips."""
     from shoal.config import load_config
-    from shoal.runner import train
 
-    cfg = load_config(ROOT / "examples" / "stdlib_lm.toml", MEASURE + [
+    workers, batch, partition = config
+    return load_config(ROOT / WORKLOADS[workload]["config"], MEASURE + [
         f"cluster.workers={workers}", f"data.batch_size={batch}", f"data.partition={partition}",
         f"run.max_iterations={steps * workers}", f"run.eval_every_iterations={steps * workers}"])
-    train(cfg, out)
-    with open(out / "metrics.jsonl") as lines:
+
+
+def measure(workload: str, config: Config, steps: int, out: Path) -> Path:
+    """Run one configuration into ``out`` (replacing an unfinished run there)."""
+    from shoal.runner import train
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    train(signal_config(workload, config, steps), out, overwrite=True)
+    return out
+
+
+def finished_events(run: Path, steps: int) -> list[dict[str, Any]] | None:
+    """The sim events of the finished run in ``run`` if it ran ``steps`` rounds, else None (run it)."""
+    try:
+        summary = json.loads((run / "summary.json").read_text())
+        config_text = (run / "config.toml").read_text()
+    except (OSError, ValueError):
+        return None
+    cfg = tomllib.loads(config_text)
+    rounds = cfg["run"]["max_iterations"] // cfg["cluster"]["workers"]
+    if summary.get("stop_reason") != "iteration_budget" or rounds != steps:
+        return None
+    with open(run / "metrics.jsonl") as lines:
         return [json.loads(line) for line in lines if line.startswith('{"event": "sim"')]
 
 
@@ -141,10 +169,10 @@ def plot(events: list[dict[str, Any]], workers: int, path: Path, title: str) -> 
     return save_figure(fig, path)
 
 
-def markdown(rows: list[dict[str, Any]], steps: int) -> str:
-    lines = ["# SIM's similarity signal on the transformer LM", "",
+def markdown(rows: list[dict[str, Any]], steps: int, spec: dict[str, Any]) -> str:
+    lines = [f"# SIM's similarity signal on {spec['title']}", "",
              f"BSP with SIM measuring and never skipping (`max_period = 1`), {steps} rounds per run on "
-             "examples/stdlib_lm.toml. Floor: 1/sqrt(n), the cosine of pure noise; SNR >= 1: the share of "
+             f"{spec['config']}. Floor: 1/sqrt(n), the cosine of pure noise; SNR >= 1: the share of "
              "(tensor, clock) pairs where SIM's default rule would let a tensor be skipped.", "",
              "| workers | batch | partition | median cosine | floor | SNR >= 1 | first third | last third | plot |",
              "|---:|---:|---|---:|---:|---:|---:|---:|---|"]

@@ -19,6 +19,7 @@ PYTHON="${PYTHON:-$(pwd)/.venv/bin/python}"
 STUDIES=(
   "lowcomm.py lm-1g"                 # issue 40 again: Streaming DiLoCo now cuts tensors at equal fragment boundaries
   "lowcomm.py shapes-1g"             # issue 40 on the image workload
+  "sim_signal.py shapes"             # issue 40: SIM's signal on the image workload (12 BSP runs that measure it)
   "balance.py shapes-tiers"          # issue 39 on the image workload: issue 38's six baselines + balanced BSP
   "evidence.py shapes-tiers-iid"     # issue 38 on the image workload (every run shared with the one above)
   "balance.py lm-lognormal"          # issue 39, and issue 38's lm-lognormal-iid baselines

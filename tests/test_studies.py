@@ -17,8 +17,10 @@ import balance  # noqa: E402
 import check_results  # noqa: E402
 import evidence  # noqa: E402
 import lowcomm  # noqa: E402
+import sim_signal  # noqa: E402
 
 SCRIPTS = {"evidence.py": evidence.STUDIES, "balance.py": balance.STUDIES, "lowcomm.py": lowcomm.STUDIES}
+QUEUEABLE = {**SCRIPTS, "sim_signal.py": sim_signal.WORKLOADS}  # the comparisons and the signal measurement
 
 
 def queued() -> list[tuple[str, str]]:
@@ -29,7 +31,7 @@ def queued() -> list[tuple[str, str]]:
 
 def test_every_queued_study_exists():
     for script, study in queued():
-        assert study in SCRIPTS[script], f"benchmarks/studies.sh queues {script} {study}, which does not exist"
+        assert study in QUEUEABLE[script], f"benchmarks/studies.sh queues {script} {study}, which does not exist"
 
 
 @pytest.mark.parametrize("script, study", [(s, n) for s, studies in SCRIPTS.items() for n in studies])
@@ -125,3 +127,17 @@ def test_a_study_rerun_is_compared_run_by_run_with_the_version_before(tmp_path):
     assert common == len(check_results.run_results(old)) > 100
     assert len(differ) == 1 and differ[0].startswith(old["compare"]["rows"][0]["seeds"][3]["run_dir"])
     assert check_results.main(["--reproduces", str(paths[0]), str(paths[0])]) == 0
+
+
+def test_a_signal_run_is_kept_as_a_run_folder_and_read_back_instead_of_run_again(tmp_path):
+    """benchmarks/sim_signal.py: one configuration (2 workers, batch 4, 3 rounds) on the transformer LM."""
+    run = sim_signal.run_folder(tmp_path, (2, 4, "iid"))
+    assert run.name == "w2-b4-iid"
+    assert sim_signal.run_folder(tmp_path, (2, 4, "dirichlet:0.1")).name == "w2-b4-dirichlet0.1"
+    assert sim_signal.finished_events(run, 3) is None  # nothing there: run it
+    sim_signal.measure("lm", (2, 4, "iid"), 3, run)
+    events = sim_signal.finished_events(run, 3)
+    assert events and [e["clock"] for e in events] == sorted(e["clock"] for e in events)
+    assert sim_signal.finished_events(run, 4) is None  # another number of rounds: run it again
+    row = sim_signal.summarise(events, 2, 4, "iid")
+    assert row["floor"] == 0.7071 and row["clocks"] == len(events) and 0 < row["median_cosine"] <= 1
