@@ -8,8 +8,9 @@ each scheme sends and what that costs in time:
 
 - BSP, local SGD (fixed H), post-local SGD (a warm-up of BSP steps, then H),
   AdaComm (periods that shrink with the loss), DiLoCo, Streaming DiLoCo
-  (4 fragments, overlap 1) with float32 and with fp4 outer gradients and
-  with the least similar fragment first, and SIM on BSP (study ``lm-1g``);
+  (4 fragments, overlap 1) with float32 and with fp4 outer gradients, with
+  the least similar fragment first and with fragments of whole tensors, and
+  SIM on BSP (study ``lm-1g``);
 - on the BN image workload (``shapes-1g``, about twice the cost per run):
   BSP, local SGD, DiLoCo, Streaming DiLoCo and SIM, the schemes of the
   questions asked on both workloads.
@@ -19,6 +20,8 @@ The answers, on the evaluation seeds:
 - Streaming DiLoCo's bytes to target against BSP's (the ratio of medians) and
   its time to target against tuned DiLoCo's (speed-up of medians, p);
 - its peak upload per worker against DiLoCo's (``peak_push_bytes``);
+- equal fragments that cut tensors (the default) against fragments of whole
+  tensors: time to target and peak upload;
 - fp4 against float32 outer gradients: the fp4 run's validation metric at the
   time the float32 run reached the target, relative to the target;
 - post-local and AdaComm against fixed-H local SGD: time and bytes to target;
@@ -54,7 +57,8 @@ FP4 = "streaming_diloco@sync.streaming_diloco.outer_quantization=fp4"
 POST_LOCAL = "localsgd@sync.localsgd.warmup_steps=64"
 ADACOMM = "localsgd@sync.localsgd.adaptive=true"
 ORDERED = "streaming_diloco@sync.streaming_diloco.fragment_order=least_similar"
-SCHEMES = f"bsp,localsgd,{POST_LOCAL},{ADACOMM},diloco,{STREAMING},{FP4},{ORDERED},bsp+sim"
+WHOLE = "streaming_diloco@sync.streaming_diloco.split_tensors=false"  # fragments of whole tensors (the paper's)
+SCHEMES = f"bsp,localsgd,{POST_LOCAL},{ADACOMM},diloco,{STREAMING},{FP4},{ORDERED},{WHOLE},bsp+sim"
 LOW_COMM = ("localsgd", "diloco", STREAMING, FP4)
 
 STUDIES: dict[str, dict[str, Any]] = {
@@ -98,6 +102,9 @@ def answers_of(result: dict[str, Any], out: Path) -> dict[str, Any]:
                             "bytes": bytes_ratio(rows[scheme], rows["localsgd"])}
     if ORDERED in rows:
         answers["least_similar_vs_staggered"] = pairwise(result, ORDERED, STREAMING)
+    if WHOLE in rows:
+        answers["split_vs_whole_tensors"] = pairwise(result, STREAMING, WHOLE)
+        answers["peak_upload_whole_vs_diloco"] = peak_ratio(rows[WHOLE], rows["diloco"])
     low = [s for s in LOW_COMM if s in rows]
     best_low = min(low, key=lambda s: (rows[s]["time_to_target_s"] is None, rows[s]["time_to_target_s"] or 0.0))
     answers["sim_vs_best_low_comm"] = {**pairwise(result, "bsp+sim", best_low),
@@ -159,6 +166,8 @@ def report(name: str, study: dict[str, Any], result: dict[str, Any], answers: di
     for key, title in (("streaming_vs_diloco", "Streaming DiLoCo against tuned DiLoCo"),
                        ("post_local_vs_localsgd", "Post-local SGD against fixed-H local SGD"),
                        ("adacomm_vs_localsgd", "AdaComm against fixed-H local SGD"),
+                       ("split_vs_whole_tensors", "Streaming DiLoCo's equal fragments (tensors cut) against "
+                                                  "fragments of whole tensors"),
                        ("least_similar_vs_staggered", "Streaming DiLoCo, least similar fragment first, against "
                                                       "the staggered order"),
                        ("sim_vs_best_low_comm", "SIM against the best low-communication scheme"),
@@ -172,7 +181,9 @@ def report(name: str, study: dict[str, Any], result: dict[str, Any], answers: di
         lines += ["", f"**{title}** ({a['mine']} vs {a['base']}): speed-up of medians {_x(sp)}{interval}, "
                       f"Mann-Whitney p = {'-' if p is None else f'{p:.3g}'}{extra}."]
     peak = answers["peak_upload_vs_diloco"]
-    lines += ["", f"**Peak upload**: Streaming DiLoCo's is {peak['ratio']} of DiLoCo's."]
+    whole = answers.get("peak_upload_whole_vs_diloco")
+    with_whole = f"; with fragments of whole tensors, {whole['ratio']}" if whole else ""
+    lines += ["", f"**Peak upload**: Streaming DiLoCo's is {peak['ratio']} of DiLoCo's{with_whole}."]
     if "fp4_at_target" in answers:
         q, ci = answers["fp4_at_target"]["median"], answers["fp4_at_target"].get("ci95")
         at_target = "-" if q is None else f"{100 * q:+.2f}%"
