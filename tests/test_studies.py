@@ -141,3 +141,35 @@ def test_a_signal_run_is_kept_as_a_run_folder_and_read_back_instead_of_run_again
     assert sim_signal.finished_events(run, 4) is None  # another number of rounds: run it again
     row = sim_signal.summarise(events, 2, 4, "iid")
     assert row["floor"] == 0.7071 and row["clocks"] == len(events) and 0 < row["median_cosine"] <= 1
+
+
+def test_the_low_communication_answers_and_report_are_written_for_every_row_the_study_runs(tmp_path):
+    """The end of lowcomm.py lm-1g (after hours of runs, and the queue stops if it fails): its answers and report
+    from the committed result with a row of whole-tensor fragments added, and each fp4 run's evaluations."""
+    result = json.loads((check_results.RESULTS / "lowcomm-lm-1g.json").read_text())["compare"]
+    streaming = next(r for r in result["rows"] if r["scheme"] == lowcomm.STREAMING)
+    result["rows"].append({**streaming, "scheme": lowcomm.WHOLE, "peak_push_bytes": 148736})
+    for row in result["rows"]:
+        if row["scheme"] == lowcomm.FP4:
+            for seed in row["seeds"]:
+                (tmp_path / seed["run_dir"]).mkdir(parents=True)
+                (tmp_path / seed["run_dir"] / "metrics.jsonl").write_text(
+                    json.dumps({"event": "eval", "t": 1.0, "value": 3.3}) + "\n")
+    answers = lowcomm.answers_of(result, tmp_path)
+    assert answers["split_vs_whole_tensors"]["speedup"]["value"] == 1.0
+    assert answers["peak_upload_whole_vs_diloco"]["ratio"] == round(148736 / 548864, 4)
+    assert answers["fp4_at_target"]["median"] == 0.1 and answers["streaming_bytes_vs_bsp"]["ci95"]
+    text = lowcomm.report("lm-1g", lowcomm.STUDIES["lm-1g"], result, answers)
+    assert "against fragments of whole tensors" in text and "with fragments of whole tensors, 0.271" in text
+
+
+def test_the_image_studys_subset_of_schemes_gets_its_answers_too(tmp_path):
+    """shapes-1g runs five schemes: the answers that need the others are left out, not failed."""
+    result = json.loads((check_results.RESULTS / "lowcomm-lm-1g.json").read_text())["compare"]
+    kept = set(lowcomm.STUDIES["shapes-1g"]["schemes"].split(","))
+    result["rows"] = [r for r in result["rows"] if r["scheme"] in kept]
+    answers = lowcomm.answers_of(result, tmp_path)
+    assert {"fp4_at_target", "split_vs_whole_tensors", "post_local_vs_localsgd"}.isdisjoint(answers)
+    assert answers["sim_vs_best_low_comm"]["base"] == lowcomm.STREAMING
+    assert "SIM against the best low-communication scheme" in lowcomm.report(
+        "shapes-1g", lowcomm.STUDIES["shapes-1g"], result, answers)
