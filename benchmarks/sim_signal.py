@@ -62,10 +62,17 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--quick", action="store_true", help="4 workers, batch 32, both partitions, 60 rounds")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     parser.add_argument("--resume", action="store_true", help="read the finished runs with the same rounds")
+    parser.add_argument("--list", action="store_true", help="how many runs of each workload's grid are done")
     args = parser.parse_args(argv)
+    if args.list:
+        for workload, spec in WORKLOADS.items():
+            done = sum(finished_events(run_folder(RUNS / f"sim-signal-{workload}", c), args.steps) is not None
+                       for c in grid_of(spec, False))
+            print(f"{workload}: SIM's signal on {spec['title']}; {done} of {len(grid_of(spec, False))} runs done "
+                  f"in runs/evidence/sim-signal-{workload}")
+        return
     spec = WORKLOADS[args.workload]
-    grid: list[Config] = ([(4, 32, p) for p in spec["partitions"]] if args.quick else
-                          list(itertools.product((4, 16), (8, 32, 128), spec["partitions"])))
+    grid = grid_of(spec, args.quick)
     steps = 60 if args.quick else args.steps
     folder = RUNS / f"sim-signal-{args.workload}"
     todo = [c for c in grid if not (args.resume and finished_events(run_folder(folder, c), steps) is not None)]
@@ -88,6 +95,13 @@ def main(argv: list[str]) -> None:
         rows.append(row)
     write_results(spec["results"], {**provenance(), "workload": args.workload, "steps": steps, "rows": rows},
                   markdown(rows, steps, spec))
+
+
+def grid_of(spec: dict[str, Any], quick: bool) -> list[Config]:
+    """The configurations measured: workers x batch x the workload's two partitions (quick: 4 workers, batch 32)."""
+    if quick:
+        return [(4, 32, p) for p in spec["partitions"]]
+    return list(itertools.product((4, 16), (8, 32, 128), spec["partitions"]))
 
 
 def run_folder(folder: Path, config: Config) -> Path:

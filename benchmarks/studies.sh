@@ -6,6 +6,7 @@
 #
 #   nohup benchmarks/studies.sh >> /tmp/studies.log 2>&1 &    # from the project root, or a worktree of it
 #   benchmarks/studies.sh --list                              # what it would run, in order
+#   benchmarks/studies.sh --status                            # how many runs of each are done
 #
 # A study takes longer than a session, and runs/ is not tracked: at the end of a session pack the finished runs
 # into git (`benchmarks/run_archive.py save`, then commit benchmarks/archive/); this script unpacks them first, so
@@ -30,6 +31,13 @@ STUDIES=(
 )
 if [[ "${1:-}" == "--list" ]]; then
   printf '%s\n' "${STUDIES[@]}"
+  exit 0
+fi
+if [[ "${1:-}" == "--status" ]]; then  # how far each queued study is: its script's --list line
+  for study in "${STUDIES[@]}"; do
+    read -r script name <<< "$study"
+    PYTHONPATH=src "$PYTHON" "benchmarks/$script" --list | grep "^$name: " || echo "$name: (no progress line)"
+  done
   exit 0
 fi
 PYTHONPATH=src "$PYTHON" benchmarks/run_archive.py restore

@@ -4,6 +4,7 @@ queue of several hours cannot stop at its third study on a config error."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -173,3 +174,10 @@ def test_the_image_studys_subset_of_schemes_gets_its_answers_too(tmp_path):
     assert answers["sim_vs_best_low_comm"]["base"] == lowcomm.STREAMING
     assert "SIM against the best low-communication scheme" in lowcomm.report(
         "shapes-1g", lowcomm.STUDIES["shapes-1g"], result, answers)
+
+
+def test_the_signal_script_lists_how_far_each_workloads_grid_is(capsys):
+    sim_signal.main(["--list"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == list(sim_signal.WORKLOADS)
+    assert all(re.search(r"; \d+ of 12 runs done in runs/evidence/sim-signal-", line) for line in lines)
