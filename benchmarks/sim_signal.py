@@ -65,36 +65,50 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--list", action="store_true", help="how many runs of each workload's grid are done")
     args = parser.parse_args(argv)
     if args.list:
-        for workload, spec in WORKLOADS.items():
-            done = sum(finished_events(run_folder(RUNS / f"sim-signal-{workload}", c), args.steps) is not None
-                       for c in grid_of(spec, False))
-            print(f"{workload}: SIM's signal on {spec['title']}; {done} of {len(grid_of(spec, False))} runs done "
-                  f"in runs/evidence/sim-signal-{workload}")
+        list_progress(args.steps)
         return
-    spec = WORKLOADS[args.workload]
+    spec, steps = WORKLOADS[args.workload], 60 if args.quick else args.steps
     grid = grid_of(spec, args.quick)
-    steps = 60 if args.quick else args.steps
-    folder = RUNS / f"sim-signal-{args.workload}"
-    todo = [c for c in grid if not (args.resume and finished_events(run_folder(folder, c), steps) is not None)]
-    if todo:
-        with ProcessPoolExecutor(max(1, args.jobs), mp_context=get_context("spawn")) as pool:
-            for config, _ in zip(todo, pool.map(measure, [args.workload] * len(todo), todo, [steps] * len(todo),
-                                                [run_folder(folder, c) for c in todo])):
-                print(f"measured {args.workload} {config}", flush=True)
-    plots = RESULTS / "sim_signal"
-    plots.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for workers, batch, partition in grid:
-        events = finished_events(run_folder(folder, (workers, batch, partition)), steps)
-        assert events is not None, "every configuration was measured above"
-        row = summarise(events, workers, batch, partition)
-        name = f"{spec['prefix']}w{workers}-b{batch}-{partition.replace(':', '')}.png"
-        row["plot"] = str(plot(events, workers, plots / name, f"{workers} workers, batch {batch}, "
-                               f"{partition}").relative_to(ROOT))
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+    # a quick look never replaces the runs of the full grid
+    folder = RUNS / f"sim-signal-{args.workload}{'-quick' if args.quick else ''}"
+    measure_missing(args.workload, grid, steps, folder, args.jobs, args.resume)
+    rows = [row_of(spec, config, finished_events(run_folder(folder, config), steps)) for config in grid]
     write_results(spec["results"], {**provenance(), "workload": args.workload, "steps": steps, "rows": rows},
                   markdown(rows, steps, spec))
+
+
+def list_progress(steps: int) -> None:
+    """One line per workload: how many runs of its full grid have finished."""
+    for workload, spec in WORKLOADS.items():
+        grid = grid_of(spec, False)
+        done = sum(finished_events(run_folder(RUNS / f"sim-signal-{workload}", c), steps) is not None for c in grid)
+        print(f"{workload}: SIM's signal on {spec['title']}; {done} of {len(grid)} runs done "
+              f"in runs/evidence/sim-signal-{workload}")
+
+
+def measure_missing(workload: str, grid: list[Config], steps: int, folder: Path, jobs: int, resume: bool) -> None:
+    """Run every configuration (with ``resume``: those without a finished run), ``jobs`` at a time."""
+    todo = [c for c in grid if not (resume and finished_events(run_folder(folder, c), steps) is not None)]
+    if not todo:
+        return
+    with ProcessPoolExecutor(max(1, jobs), mp_context=get_context("spawn")) as pool:
+        runs = pool.map(measure, [workload] * len(todo), todo, [steps] * len(todo),
+                        [run_folder(folder, c) for c in todo])
+        for config, _ in zip(todo, runs):
+            print(f"measured {workload} {config}", flush=True)
+
+
+def row_of(spec: dict[str, Any], config: Config, events: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """A configuration's row of the results, with its plot drawn."""
+    assert events is not None, "every configuration was measured first"
+    workers, batch, partition = config
+    row = summarise(events, workers, batch, partition)
+    name = f"{spec['prefix']}w{workers}-b{batch}-{partition.replace(':', '')}.png"
+    title = f"{workers} workers, batch {batch}, {partition}"
+    (RESULTS / "sim_signal").mkdir(parents=True, exist_ok=True)
+    row["plot"] = str(plot(events, workers, RESULTS / "sim_signal" / name, title).relative_to(ROOT))
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def grid_of(spec: dict[str, Any], quick: bool) -> list[Config]:
