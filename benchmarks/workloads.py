@@ -8,7 +8,8 @@
    CIFAR-style ResNet-18 (width 16, batch norm) trained on one worker, with
    the iterations each needs to reach 60% and 80% test accuracy.
 
-Usage: .venv/bin/python benchmarks/workloads.py [lm|shapes ...] (none: both; --render: rewrite the markdown from the JSON)
+Usage: .venv/bin/python benchmarks/workloads.py [lm|shapes ...] (none: both; --render: rewrite the markdown and the
+file's provenance from the JSON, measuring nothing)
 Writes benchmarks/results/workloads.{json,md} and workloads-{lm,shapes}.png (the parts measured before are kept).
 """
 
@@ -155,17 +156,32 @@ def _made_by(part: dict[str, Any]) -> str:
     return f"`{made.get('command', '?')}` at {str(made.get('git_commit', '?'))[:10]}{dirty} on {made.get('cpu', '?')}"
 
 
+PARTS = {"lm": measure_lm, "shapes": measure_shapes}
+
+
+def file_provenance(results: dict[str, Any]) -> dict[str, Any]:
+    """The file's own ``git_commit``, ``dirty_tree`` and ``command``, as every results file has them, derived
+    from its parts (each measured by its own command, perhaps at its own commit): the common commit (None if
+    the parts' differ: ``parts`` names each), dirty if any part was, the parts' commands in order; and
+    ``written_by``, the invocation that wrote the file (a ``--render`` measures nothing)."""
+    made = {part: results[part]["provenance"] for part in PARTS if part in results}
+    commits = {m["git_commit"] for m in made.values()}
+    return {"git_commit": commits.pop() if len(commits) == 1 else None,
+            "dirty_tree": any(m["dirty_tree"] for m in made.values()),
+            "command": " && ".join(m["command"] for m in made.values()),
+            "parts": {part: m["git_commit"] for part, m in made.items()}, "written_by": provenance()}
+
+
 def main(parts: list[str]) -> None:
     path = RESULTS / "workloads.json"
     results = json.loads(path.read_text()) if path.exists() else {}
-    if parts == ["--render"]:
-        (RESULTS / "workloads.md").write_text(markdown(results))
-        return
-    for part in parts or ["lm", "shapes"]:
-        made_by = provenance()  # each part records the commit and command that measured it
-        results[part] = {**{"lm": measure_lm, "shapes": measure_shapes}[part](), "provenance": made_by}
-    results["provenance"] = provenance()
-    plot(results)
+    if parts != ["--render"]:
+        for part in parts or list(PARTS):
+            made_by = provenance()  # each part records the commit and command that measured it
+            results[part] = {**PARTS[part](), "provenance": made_by}
+        plot(results)
+    results.pop("provenance", None)  # the last part's, which files before file_provenance kept at the top
+    results.update(file_provenance(results))
     write_results("workloads", results, markdown(results))
 
 

@@ -181,3 +181,18 @@ def test_the_signal_script_lists_how_far_each_workloads_grid_is(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == list(sim_signal.WORKLOADS)
     assert all(re.search(r"; \d+ of 12 runs done in runs/evidence/sim-signal-", line) for line in lines)
+
+
+def test_the_workloads_file_says_which_code_measured_it_from_its_parts():
+    import workloads
+
+    made = {"dirty_tree": False, "cpu": "x", "torch": "y"}
+    results = {"lm": {"provenance": {**made, "git_commit": "a" * 40, "command": "workloads.py lm"}},
+               "shapes": {"provenance": {**made, "git_commit": "a" * 40, "command": "workloads.py shapes"}}}
+    top = workloads.file_provenance(results)
+    assert top["git_commit"] == "a" * 40 and top["dirty_tree"] is False
+    assert top["command"] == "workloads.py lm && workloads.py shapes" and top["parts"] == {"lm": "a" * 40,
+                                                                                             "shapes": "a" * 40}
+    results["shapes"]["provenance"].update(git_commit="b" * 40, dirty_tree=True)
+    top = workloads.file_provenance(results)
+    assert top["git_commit"] is None and top["dirty_tree"] is True and top["parts"]["shapes"] == "b" * 40
