@@ -120,12 +120,11 @@ def bytes_ratio(mine: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     from shoal.report.tuning import mann_whitney, speedup_interval
 
     a, b = mine.get("bytes_to_target"), base.get("bytes_to_target")
-    seeds = {side: [s.get("bytes_to_target") for s in row.get("seeds", [])] for side, row in (("mine", mine),
-                                                                                                ("base", base))}
-    ci = speedup_interval(seeds["base"], seeds["mine"])["ci95"] if seeds["mine"] and seeds["base"] else None
+    mine_seeds, base_seeds = ([s.get("bytes_to_target") for s in row.get("seeds", [])] for row in (mine, base))
+    ci = speedup_interval(base_seeds, mine_seeds)["ci95"]  # None without seeds
     return {"mine": a, "base": b, "fewer_x": None if not a or b is None else round(b / a, 3),
             "ci95": None if ci is None else [None if v is None else round(v, 3) for v in ci],
-            "p_value": mann_whitney(seeds["mine"], seeds["base"])}
+            "p_value": mann_whitney(mine_seeds, base_seeds)}
 
 
 def peak_ratio(mine: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
