@@ -100,6 +100,12 @@ def pairwise(result: dict[str, Any], mine: str, base: str) -> dict[str, Any]:
 
 def markdown(name: str, study: dict[str, Any], result: dict[str, Any], answers: dict[str, Any]) -> str:
     lines = [evidence_markdown(name, study, result).replace("# Evidence:", "# Work sized to speed:", 1), ""]
+    return "\n".join(lines + answer_lines(answers))
+
+
+def answer_lines(answers: dict[str, Any]) -> list[str]:
+    """The study's two answers in words, each followed by a blank line (the results file's and the README's)."""
+    lines: list[str] = []
     for key, title in (("balanced_vs_bsp", "Balanced BSP against plain BSP"),
                        ("best_remedy_vs_asp", "Shoal's best heterogeneity scheme against tuned ASP")):
         a = answers[key]
@@ -110,8 +116,12 @@ def markdown(name: str, study: dict[str, Any], result: dict[str, Any], answers: 
         quality = "-" if change is None else f"{100 * change:+.2f}%"
         mine, base = a["final"][a["mine"]], a["final"][a["base"]]
         lines += [f"**{title}**: {a['mine']} vs {a['base']}: speed-up of medians {speedup}{interval}, "
-                  f"Mann-Whitney p = {p_text}; final quality {quality} ({mine} vs {base}).", ""]
-    return "\n".join(lines)
+                  f"Mann-Whitney p = {p_text}; final quality {quality} ({_g(mine)} vs {_g(base)}).", ""]
+    return lines
+
+
+def _g(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
 
 
 def _x(value: float | None) -> str:

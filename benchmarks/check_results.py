@@ -40,9 +40,8 @@ MIN_EVAL_SEEDS = 10
 
 
 def study_files() -> list[Path]:
-    """Every study results file (the headline, which only gathers the others, is not a study)."""
-    return sorted(p for p in RESULTS.glob("*.json")
-                  if p.name.startswith(STUDY_PREFIXES) and p.name != "evidence-headline.json")
+    """Every study results file."""
+    return sorted(p for p in RESULTS.glob("*.json") if p.name.startswith(STUDY_PREFIXES))
 
 
 def git_ok(*args: str) -> bool:

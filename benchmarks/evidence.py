@@ -12,7 +12,6 @@ last changed.
 Usage:
     .venv/bin/python benchmarks/evidence.py STUDY [--jobs 2] [--seeds 10] [--tune-seeds 2] [--resume]
     .venv/bin/python benchmarks/evidence.py --list
-    .venv/bin/python benchmarks/evidence.py --headline   (the table over every finished study, for the README)
 
 The runs go to runs/evidence/STUDY (``--resume`` keeps its finished runs, so a
 study cut off by the end of a session goes on where it stopped); the results
@@ -22,12 +21,11 @@ to benchmarks/results/evidence-STUDY.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from tuned import RESULTS, ROOT, provenance, write_results
+from tuned import ROOT, provenance, write_results
 
 TIERS_16 = "cluster.speeds=[1,1,1,1,2,2,2,2,4,4,4,4,8,8,8,8]"
 LOGNORMAL_16 = ["cluster.workers=16", "cluster.profile=lognormal", "cluster.lognormal_sigma=1.0"]
@@ -55,19 +53,9 @@ for _name, _study in STUDIES.items():
 
 
 def main(argv: list[str]) -> None:
-    parser = study_parser(__doc__, STUDIES)
-    parser.add_argument("--headline", action="store_true",
-                        help="write benchmarks/results/evidence-headline.md from every study's results file")
-    args = parser.parse_args(argv)
-    if args.headline:
-        records = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("evidence-*.json"))]
-        write_results("evidence-headline", {**provenance(), "studies": [r["study"] for r in records]},
-                      headline(records))
-        return
-    if args.list or not args.study:
-        list_studies(STUDIES, args)
-        return
-    run_study(args)
+    args = study_args(__doc__, STUDIES, argv)
+    if args is not None:
+        run_study(args)
 
 
 def run_study(args: argparse.Namespace) -> dict[str, Any]:
@@ -157,26 +145,6 @@ def verdict(row: dict[str, Any], best: dict[str, Any] | None) -> str:
     if mine is None:
         return "loses"
     return "wins" if theirs is None or mine < theirs else "loses"
-
-
-def headline(records: list[dict[str, Any]]) -> str:
-    """One table over every study: each row's median time to target, interval, reached share, p and verdict."""
-    lines = ["# Evidence: where each mechanism wins, ties or loses", "",
-             f"Against the best baseline of its study (two-sided Mann-Whitney U, p < {ALPHA}); every number from "
-             "evaluation seeds nobody tuned on (docs/fair-comparison.md).", "",
-             "| study | scheme | median time to target (s) | 95% interval | reached | p | verdict |",
-             "|---|---|---:|---|---:|---:|---|"]
-    for record in records:
-        rows = record["compare"]["rows"]
-        best = next((r for r in rows if r["scheme"] == r.get("versus")), None)
-        for row in rows:
-            iv = (row.get("time_to_target_interval") or {}).get("ci95")
-            p = row.get("p_value")
-            lines.append(f"| {record['study']} | {row['scheme']} | {_t(row['time_to_target_s'])} | "
-                         f"{'-' if not iv else f'{_t(iv[0])}..{_t(iv[1])}'} | "
-                         f"{row.get('reached', 0)}/{len(row.get('seeds', []))} | {'-' if p is None else f'{p:.3g}'} | "
-                         f"{verdict(row, best)} |")
-    return "\n".join(lines) + "\n"
 
 
 def strip(result: dict[str, Any]) -> dict[str, Any]:

@@ -158,10 +158,15 @@ def report(name: str, study: dict[str, Any], result: dict[str, Any], answers: di
              "| scheme | median bytes to target | peak upload per worker |", "|---|---:|---:|"]
     for row in result["rows"]:
         lines.append(f"| {row['scheme']} | {_bytes(row.get('bytes_to_target'))} | {_bytes(row.get('peak_push_bytes'))} |")
+    return "\n".join(lines + [""] + answer_lines(answers)) + "\n"
+
+
+def answer_lines(answers: dict[str, Any]) -> list[str]:
+    """The study's answers in words, one paragraph each (the results file's and the README's)."""
     s, f = answers["streaming_bytes_vs_bsp"], answers.get("fp4_bytes_vs_bsp")
     with_fp4 = f", with fp4 {_fewer(f)}" if f else ""
-    lines += ["", f"**Bytes to target against BSP**: Streaming DiLoCo {_fewer(s)}{with_fp4} "
-                  "(ratio of medians, bootstrap 95% interval, Mann-Whitney p of the per-seed bytes)."]
+    lines = [f"**Bytes to target against BSP**: Streaming DiLoCo {_fewer(s)}{with_fp4} "
+             "(ratio of medians, bootstrap 95% interval, Mann-Whitney p of the per-seed bytes)."]
     for key, title in (("streaming_vs_diloco", "Streaming DiLoCo against tuned DiLoCo"),
                        ("post_local_vs_localsgd", "Post-local SGD against fixed-H local SGD"),
                        ("adacomm_vs_localsgd", "AdaComm against fixed-H local SGD"),
@@ -190,7 +195,7 @@ def report(name: str, study: dict[str, Any], result: dict[str, Any], answers: di
             at_target += f" (95% interval {100 * ci[0]:+.2f}%..{100 * ci[1]:+.2f}%)"
         lines += ["", f"**fp4 at the target**: when float32 Streaming DiLoCo reached the target, fp4's metric was "
                       f"{at_target} from it (median over seeds)."]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _bytes(value: float | None) -> str:
@@ -203,7 +208,8 @@ def _fewer(ratio: dict[str, Any]) -> str:
     """``bytes_ratio``'s answer in words: "20.0x fewer (interval 18.1x..21.9x, p = 0.00016)"."""
     ci, p = ratio.get("ci95"), ratio.get("p_value")
     interval = f"interval {_x(ci[0])}..{_x(ci[1])}, " if ci else ""
-    return f"{_x(ratio['fewer_x'])} fewer ({interval}p = {'-' if p is None else f'{p:.2g}'})"
+    said = f"{interval}p = {p:.2g}" if p is not None else interval.removesuffix(", ")
+    return f"{_x(ratio['fewer_x'])} fewer" + (f" ({said})" if said else "")
 
 
 def _x(value: float | None) -> str:

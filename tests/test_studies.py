@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import balance  # noqa: E402
 import check_results  # noqa: E402
 import evidence  # noqa: E402
+import headline  # noqa: E402
 import lowcomm  # noqa: E402
 import sim_signal  # noqa: E402
 
@@ -196,3 +197,52 @@ def test_the_workloads_file_says_which_code_measured_it_from_its_parts():
     results["shapes"]["provenance"].update(git_commit="b" * 40, dirty_tree=True)
     top = workloads.file_provenance(results)
     assert top["git_commit"] is None and top["dirty_tree"] is True and top["parts"]["shapes"] == "b" * 40
+
+
+def test_the_readmes_evidence_tables_are_the_ones_the_results_files_give():
+    """README.md quotes the study results files through benchmarks/headline.py; a rerun that changed a number
+    fails here until `headline.py --write` puts the new tables in."""
+    assert headline.main(["--check"]) == 0
+
+
+def _results_folder(tmp_path, monkeypatch):
+    """A results folder holding the committed balance and evidence files of the same runs, and a README."""
+    results = tmp_path / "results"
+    results.mkdir()
+    for name in ("balance-lm-tiers.json", "evidence-lm-tiers-iid.json"):
+        (results / name).write_text((check_results.RESULTS / name).read_text())
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\nintro\n\n{headline.START}\nold tables\n{headline.END}\n\nafter\n")
+    monkeypatch.setattr(headline, "RESULTS", results)
+    monkeypatch.setattr(headline, "README", readme)
+    return results, readme
+
+
+def test_headline_writes_between_the_markers_and_check_sees_a_changed_number(tmp_path, monkeypatch, capsys):
+    results, readme = _results_folder(tmp_path, monkeypatch)
+    assert headline.main(["--check"]) == 1
+    assert headline.main(["--write"]) == 0 and headline.main(["--check"]) == 0
+    text = readme.read_text()
+    assert text.startswith("# title\n\nintro\n\n") and text.endswith(f"{headline.END}\n\nafter\n")
+    assert "old tables" not in text
+    # the balance study holds every row of the evidence study whose runs it shares: one table, not two
+    assert text.count("| `asp` |") == 1 and "benchmarks/balance.py lm-tiers" in text
+    assert "| `bsp+balance` | - | 25.1 | 23.9..26.4 | 10/10 | 0.00013 | **wins**, 1.57x |" in text
+    assert "| `asp` | - | 39.3 | 38.2..39.3 | 10/10 | - | best baseline |" in text
+    assert "| `bsp` | - | 81.8 | 77.7..85.9 | 10/10 | 0.00013 | loses, 0.48x |" in text
+    assert "**Balanced BSP against plain BSP**: bsp+balance vs bsp: speed-up of medians 3.25x" in text
+    record = json.loads((results / "balance-lm-tiers.json").read_text())
+    record["compare"]["rows"][0]["time_to_target_s"] += 1.0
+    (results / "balance-lm-tiers.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    assert headline.main(["--check"]) == 1
+    assert "headline.py --write" in capsys.readouterr().err
+
+
+def test_headline_without_its_markers_says_so_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    _, readme = _results_folder(tmp_path, monkeypatch)
+    readme.write_text("# title\n")
+    assert headline.main(["--write"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "exactly once" in err
+    assert readme.read_text() == "# title\n"

@@ -1,0 +1,154 @@
+"""The README's evidence tables, rendered from the study results files, so that the README quotes exactly what
+committed code measured and cannot fall behind a rerun (the test suite checks it).
+
+Usage:
+    .venv/bin/python benchmarks/headline.py            # print the tables
+    .venv/bin/python benchmarks/headline.py --write    # put them into README.md, between its two markers
+    .venv/bin/python benchmarks/headline.py --check    # exit 1 with one line if README.md says something else
+
+One table per study results file (benchmarks/results/): the heterogeneity studies first (balance.py; an
+evidence.py study only where no balance study shares its runs, since the balance study holds every row of it),
+then the low-communication studies (lowcomm.py, with each row's bytes to target). Rows are ordered by median
+time to target; each row's verdict is against the study's best baseline (wins or loses where the Mann-Whitney
+p is under 0.05, else ties), and the study's own answers follow its table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import balance
+import evidence
+import lowcomm
+from tuned import RESULTS, ROOT
+
+README = ROOT / "README.md"
+START = "<!-- evidence tables: written by benchmarks/headline.py from benchmarks/results/, do not edit by hand -->"
+END = "<!-- end of the evidence tables -->"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--write", action="store_true", help="rewrite README.md's evidence tables")
+    action.add_argument("--check", action="store_true", help="exit 1 if README.md's tables are not these")
+    args = parser.parse_args(argv)
+    text = render()
+    if not (args.write or args.check):
+        print(text, end="")
+        return 0
+    try:
+        readme = README.read_text()
+        start, end = marked_span(readme)
+    except (OSError, ValueError) as err:
+        print(f"headline: {err}", file=sys.stderr)
+        return 2
+    if args.check:
+        if readme[start:end] != text:
+            print("headline: README.md's evidence tables differ from benchmarks/results/; run "
+                  "`.venv/bin/python benchmarks/headline.py --write`", file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(readme[:start] + text + readme[end:])
+    return 0
+
+
+def marked_span(readme: str) -> tuple[int, int]:
+    """Where the tables go: from the line after the start marker to the end marker's line (ValueError naming
+    what is wrong)."""
+    for marker in (START, END):
+        if readme.count(marker) != 1:
+            raise ValueError(f"README.md must hold the line {marker!r} exactly once")
+    start, end = readme.index(START) + len(START) + 1, readme.index(END)
+    if end < start:
+        raise ValueError("README.md's end marker comes before its start marker")
+    return start, end
+
+
+def studies() -> list[tuple[str, dict[str, Any]]]:
+    """(script, record) of every study results file to quote, in the order they are shown."""
+    def load(prefix: str) -> list[dict[str, Any]]:
+        return [json.loads(p.read_text()) for p in sorted(RESULTS.glob(f"{prefix}-*.json"))]
+
+    balanced = load("balance")
+    shared = {balance.STUDIES[r["study"]]["folder"] for r in balanced if r["study"] in balance.STUDIES}
+    alone = [r for r in load("evidence") if r["study"] not in shared]
+    return ([("balance", r) for r in balanced] + [("evidence", r) for r in alone]
+            + [("lowcomm", r) for r in load("lowcomm")])
+
+
+def render() -> str:
+    """Every study's table and answers, as markdown."""
+    lines = [""]  # a blank line after the start marker and before the end marker: the tables are their own blocks
+    for script, record in studies():
+        lines += study_lines(script, record) + [""]
+    return "\n".join(lines) + "\n"
+
+
+def study_lines(script: str, record: dict[str, Any]) -> list[str]:
+    """One study: where it comes from and its protocol, its table, its answers."""
+    compare, name = record["compare"], record["study"]
+    rows = sorted(compare["rows"], key=lambda r: (r["time_to_target_s"] is None, r["time_to_target_s"] or 0.0))
+    best = next((r for r in rows if r["scheme"] == r.get("versus")), None)
+    with_bytes = script == "lowcomm"
+    bsp_bytes = next((r.get("bytes_to_target") for r in rows if r["scheme"] == "bsp"), None)
+    lines = [f"**{record['title'][:1].upper() + record['title'][1:]}** (`benchmarks/{script}.py {name}`, "
+             f"[results](benchmarks/results/{script}-{name}.md), code {record['git_commit'][:7]}): "
+             f"{protocol(compare)}; p: two-sided Mann-Whitney U against the best baseline"
+             f"{'' if best is None else ', ' + best['scheme']}.", "",
+             "| scheme | kept point | median time to target (s) | 95% interval | reached |"
+             + (" bytes to target | fewer bytes than BSP |" if with_bytes else "") + " p | verdict |",
+             "|---|---|---:|---|---:|" + ("---:|---:|" if with_bytes else "") + "---:|---|"]
+    for row in rows:
+        iv = (row.get("time_to_target_interval") or {}).get("ci95")
+        cells = [f"`{row['scheme']}`", evidence._point(row.get("tuned")), _seconds(row["time_to_target_s"]),
+                 "-" if not iv else f"{_seconds(iv[0])}..{_seconds(iv[1])}",
+                 f"{row.get('reached', 0)}/{len(row.get('seeds', []))}"]
+        if with_bytes:
+            mine = row.get("bytes_to_target")
+            cells += [lowcomm._bytes(mine), "-" if not mine or bsp_bytes is None else f"{bsp_bytes / mine:.2f}x"]
+        p = row.get("p_value")
+        cells += ["-" if p is None else f"{p:.2g}", verdict(row, best)]
+        lines.append("| " + " | ".join(cells) + " |")
+    answers = record.get("answers")
+    if answers:
+        lines.append("")
+        lines += (lowcomm.answer_lines(answers) if with_bytes else balance.answer_lines(answers))
+    while lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def protocol(compare: dict[str, Any]) -> str:
+    """The target and the seeds, in words."""
+    metric, target = compare["metric"], compare.get("target")
+    goal = f"{metric} <= {target}" if metric != "accuracy" else f"accuracy >= {compare['target_accuracy']}"
+    tuning = compare.get("tuning_seeds") or []
+    evals = compare["eval_seeds"]
+    tuned = f"tuned on development seeds {_span(tuning)}" if tuning else "nothing to tune"
+    return (f"target {goal}; {tuned}; medians over evaluation seeds {_span(evals)} ({len(evals)}), "
+            f"in virtual seconds")
+
+
+def verdict(row: dict[str, Any], best: dict[str, Any] | None) -> str:
+    """evidence.verdict with the ratio of medians (best baseline's over this row's) where the difference counts."""
+    said = evidence.verdict(row, best)
+    mine, theirs = row.get("time_to_target_s"), (best or {}).get("time_to_target_s")
+    if said in ("wins", "loses") and mine and theirs:
+        return f"{'**wins**' if said == 'wins' else 'loses'}, {theirs / mine:.2f}x"
+    return said
+
+
+def _span(seeds: list[int]) -> str:
+    return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
+
+
+def _seconds(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
