@@ -246,3 +246,18 @@ def test_headline_without_its_markers_says_so_in_one_line_and_writes_nothing(tmp
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "exactly once" in err
     assert readme.read_text() == "# title\n"
+
+
+def test_asynchronous_diloco_is_answered_against_diloco_where_a_study_runs_it():
+    result = json.loads((check_results.RESULTS / "balance-lm-tiers.json").read_text())["compare"]
+    assert set(balance.answers_of(result)) == {"balanced_vs_bsp", "best_remedy_vs_asp"}
+    diloco = next(r for r in result["rows"] if r["scheme"] == "diloco")
+    faster = [{**seed, "time_to_target_s": seed["time_to_target_s"] / 2} for seed in diloco["seeds"]]
+    result["rows"].append({**diloco, "scheme": balance.ASYNC_DILOCO, "seeds": faster,
+                           "time_to_target_s": diloco["time_to_target_s"] / 2})
+    answers = balance.answers_of(result)
+    assert answers["async_vs_diloco"]["speedup"]["value"] == pytest.approx(2.0)
+    assert answers["async_vs_diloco"]["p_value"] < 0.001
+    text = "\n".join(balance.answer_lines(answers))
+    assert f"**Asynchronous DiLoCo against DiLoCo**: {balance.ASYNC_DILOCO} vs diloco: speed-up of medians 2.00x" in text
+    assert balance.ASYNC_DILOCO in balance.STUDIES["lm-lognormal"]["schemes"].split(",")
