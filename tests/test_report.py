@@ -18,7 +18,8 @@ import pytest
 from PIL import Image
 
 from shoal.report.html import headline, write_report
-from shoal.report.plots import pick_workers, plot_sim_heatmap
+from shoal.report.plots import plot_sim_heatmap
+from shoal.report.worker_plots import pick_workers
 from shoal.report.runs import load_run, segments, timeline_window
 from shoal.report.units import fmt_seconds, human_bytes
 
@@ -286,7 +287,8 @@ def test_every_plot_has_an_svg_beside_its_png(tmp_path):
 
 
 def test_the_timeline_legend_shows_only_what_is_drawn():
-    from shoal.report.plots import _timeline_legend, group_color
+    from shoal.report.plots import group_color
+    from shoal.report.worker_plots import _timeline_legend
 
     labels = lambda handles: [h.get_label() for h in handles]  # noqa: E731
     assert labels(_timeline_legend([0, 1], {"compute"})) == ["compute, group 0", "compute, group 1"]
@@ -355,7 +357,7 @@ def test_the_routing_section_draws_the_plan_the_run_used(tmp_path):
 
 def test_timeline_mark_labels_never_overlap():
     """Groupings and regroups close together: each label goes up a line until it clears the ones before."""
-    from shoal.report.plots import Timeline, timeline_figure
+    from shoal.report.worker_plots import Timeline, timeline_figure
 
     marks = [(1.0, "groups formed"), (1.3, "regroup"), (1.6, "groups formed"), (2.0, "regroup"), (6.0, "run ended")]
     fig, _ = timeline_figure(Timeline("gssp", [], [1.0, 2.0], (0.0, 10.0), marks), "virtual time (s)")

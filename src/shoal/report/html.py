@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from shoal.report import pareto, plots
+from shoal.report import pareto, plots, worker_plots
 from shoal.report.page import template
 from shoal.report.routing import draw_plan, routing_data
 from shoal.report.runs import RunData, iterations_in, load_run, timeline_window
@@ -358,14 +358,14 @@ def _timeline_section(out: Path, runs: list[RunData], label: str) -> Section:
         window = timeline_window(logged)
         section |= {"window": window, "around_split": any(r.split_t is not None for r in logged)}
         for run in logged:
-            timeline = plots.Timeline(run.name, iterations_in(run.path, *window), run.speeds, window, _marks(run))
-            path, _ = plots.plot_timeline(timeline, out / f"timeline-{_slug(run.name)}.png", label)
+            timeline = worker_plots.Timeline(run.name, iterations_in(run.path, *window), run.speeds, window, _marks(run))
+            path, _ = worker_plots.plot_timeline(timeline, out / f"timeline-{_slug(run.name)}.png", label)
             section["images"].append(_img(path, f"per-worker timeline of {run.name}"))
     for run in runs:
         if run.balance:
             config = run.path / "config.toml"
             per_worker = int(tomllib.loads(config.read_text())["data"]["batch_size"]) if config.exists() else 32
-            path = plots.plot_batch_sizes(run.name, run.balance, run.speeds, per_worker,
+            path = worker_plots.plot_batch_sizes(run.name, run.balance, run.speeds, per_worker,
                                           float(run.summary.get("elapsed_s") or run.balance[-1]["t"]),
                                           out / f"batches-{_slug(run.name)}.png", label)
             section["images"].append(_img(path, f"each worker's batch size over time in {run.name}"))
