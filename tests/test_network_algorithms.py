@@ -13,7 +13,8 @@ from shoal.network import ALGORITHMS, Plan, build_instance, evaluate, solve
 from shoal.network.algorithms._highs import new_highs
 from shoal.network.algorithms.exact import optimum
 from shoal.network.algorithms import Result
-from shoal.network.algorithms.grid import FlowNet, plan_grid, search
+from shoal.network.algorithms.flownet import FlowNet
+from shoal.network.algorithms.grid import plan_grid, search
 from shoal.network.algorithms.grid_milp import optimum_milp
 from shoal.network.algorithms.rgria import round_rates, solve_relaxation
 from shoal.network.routing import Routes

@@ -33,7 +33,8 @@ import networkx as nx
 
 from shoal.network.algorithms.budget import NO_LIMIT, Deadline
 from shoal.network.algorithms.exact import optimum
-from shoal.network.algorithms.grid import FlowNet, highest_fit, lift_rooted, rate_candidates, rooted_model, try_rate
+from shoal.network.algorithms.flownet import FlowNet
+from shoal.network.algorithms.grid import highest_fit, lift_rooted, rate_candidates, rooted_model, try_rate
 from shoal.network.evaluator import TOL, Plan, Violation, complete_paths, evaluate
 from shoal.network.instance import Instance
 from shoal.network.routing import Routes

@@ -25,7 +25,8 @@ import networkx as nx
 
 from shoal.errors import ConfigError
 from shoal.network.algorithms.budget import NO_LIMIT, Deadline
-from shoal.network.algorithms.grid import FlowNet, highest_fit, lift_rooted, plan_grid, rate_candidates, rooted_model, try_rate
+from shoal.network.algorithms.flownet import FlowNet
+from shoal.network.algorithms.grid import highest_fit, lift_rooted, plan_grid, rate_candidates, rooted_model, try_rate
 from shoal.network.evaluator import Evaluation, Plan, complete_paths, evaluate
 from shoal.network.instance import Instance
 from shoal.network.joint import Part, evaluate_joint, residual_net

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from shoal.network.algorithms.exact import optimum, slots
-from shoal.network.algorithms.grid import FlowNet, rate_candidates
+from shoal.network.algorithms.flownet import FlowNet
+from shoal.network.algorithms.grid import rate_candidates
 from shoal.network.instance import Instance
 
 
