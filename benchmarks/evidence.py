@@ -21,6 +21,8 @@ to benchmarks/results/evidence-STUDY.{json,md}.
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -90,9 +92,19 @@ def study_args(doc: str, studies: dict[str, dict[str, Any]], argv: list[str]) ->
 def list_studies(studies: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     """One line per study: what it compares, where its runs go and how many of them have finished."""
     for name, study in studies.items():
-        done, planned = progress(study, args.seeds, args.tune_seeds)
-        print(f"{name}: {study['title']} ({study['schemes']}); {done} of {planned} runs done in "
-              f"runs/evidence/{study['folder']}")
+        walls, planned = progress(study, args.seeds, args.tune_seeds)
+        print(f"{name}: {study['title']} ({study['schemes']}); {len(walls)} of {planned} runs done in "
+              f"runs/evidence/{study['folder']}{time_left(walls, planned, args.jobs)}")
+
+
+def time_left(walls: list[float], planned: int, jobs: int) -> str:
+    """The wall time the study's remaining runs should take, from the median of its finished ones (a guess: a
+    scheme's runs differ several-fold; what is left is often the slow schemes' evaluation seeds)."""
+    left = planned - len(walls)
+    if not left or not walls:
+        return ""
+    hours = left * statistics.median(walls) / max(jobs, 1) / 3600
+    return f"; about {hours:.1f} h left at --jobs {jobs} (median run {statistics.median(walls) / 60:.0f} min)"
 
 
 def compare_study(study: dict[str, Any], args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
@@ -115,8 +127,9 @@ def study_protocol(study: dict[str, Any], tune_seeds: int) -> tuple[list[str], i
     return list(study["sets"]) + [f"run.seed={tune_seeds}"], 0
 
 
-def progress(study: dict[str, Any], seeds: int, tune_seeds: int) -> tuple[int, int]:
-    """Finished runs of a study in runs/evidence/FOLDER (under the planned configs) and how many it plans."""
+def progress(study: dict[str, Any], seeds: int, tune_seeds: int) -> tuple[list[float], int]:
+    """The wall seconds of each finished run of a study in runs/evidence/FOLDER (under the planned configs), and
+    how many runs it plans."""
     from shoal.comparison import Protocol, evaluation_runs, finished_summary, plan_runs
     from shoal.report.schemes import parse_schemes
 
@@ -125,10 +138,19 @@ def progress(study: dict[str, Any], seeds: int, tune_seeds: int) -> tuple[int, i
     config, schemes = ROOT / study["config"], parse_schemes(study["schemes"])
     protocol = Protocol(seeds, tune_seeds)
     tuning = plan_runs(config, schemes, protocol, sets) if tune_seeds else []  # without: the evaluation plan
-    done = sum(finished_summary(out / run.run_dir, run.cfg) is not None for run in tuning)
+    summaries = [finished_summary(out / run.run_dir, run.cfg) for run in tuning]
     evaluation = [run for s in schemes for run in evaluation_runs(config, s, protocol, sets, {})]
-    done += sum((out / run.run_dir / "summary.json").exists() for run in evaluation)
-    return done, len(tuning) + len(evaluation)
+    summaries += [_summary(out / run.run_dir) for run in evaluation]
+    walls = [float(s.get("wall_s") or 0.0) for s in summaries if s is not None]
+    return walls, len(tuning) + len(evaluation)
+
+
+def _summary(run_dir: Path) -> dict[str, Any] | None:
+    """A finished evaluation run's summary (its config is the kept point's, known only once tuning is done)."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 ALPHA = 0.05  # a difference counts when its p-value is under this

@@ -261,3 +261,10 @@ def test_asynchronous_diloco_is_answered_against_diloco_where_a_study_runs_it():
     text = "\n".join(balance.answer_lines(answers))
     assert f"**Asynchronous DiLoCo against DiLoCo**: {balance.ASYNC_DILOCO} vs diloco: speed-up of medians 2.00x" in text
     assert balance.ASYNC_DILOCO in balance.STUDIES["lm-lognormal"]["schemes"].split(",")
+
+
+def test_a_studys_time_left_comes_from_the_median_of_its_finished_runs():
+    assert evidence.time_left([600.0, 1200.0, 60000.0], 13, 2) == \
+        "; about 1.7 h left at --jobs 2 (median run 20 min)"  # 10 runs of 1200 s, two at a time
+    assert evidence.time_left([], 10, 2) == ""  # nothing finished: nothing to time
+    assert evidence.time_left([600.0], 1, 2) == ""  # nothing left
