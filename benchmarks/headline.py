@@ -113,6 +113,10 @@ def study_lines(script: str, record: dict[str, Any]) -> list[str]:
         p = row.get("p_value")
         cells += ["-" if p is None else f"{p:.2g}", verdict(row, best)]
         lines.append("| " + " | ".join(cells) + " |")
+    front = RESULTS / f"{script}-{name}-pareto.png"  # lowcomm.py draws the bytes-against-time plane beside its file
+    if front.exists():
+        lines += ["", f"![{script} {name}: bytes against time to target, every seed and the medians]"
+                      f"(benchmarks/results/{front.name})"]
     answers = record.get("answers")
     if answers:
         lines.append("")

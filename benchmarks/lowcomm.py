@@ -50,7 +50,7 @@ from typing import Any
 
 from balance import pairwise
 from evidence import LM, SHAPES, compare_study, markdown as evidence_markdown, strip, study_args
-from tuned import provenance, write_results
+from tuned import RESULTS, provenance, write_results
 
 ONE_GBIT = ["cluster.link_gbps=1", "cluster.server_gbps=1"]
 STREAMING = "streaming_diloco"
@@ -85,7 +85,16 @@ def run_study(args: argparse.Namespace) -> dict[str, Any]:
     record = {**provenance(), "study": name, "title": study["title"], "answers": answers_of(result, out),
               "compare": strip(result)}
     write_results(f"lowcomm-{name}", record, report(name, study, result, record["answers"]))
+    draw_front(result, RESULTS / f"lowcomm-{name}-pareto.png")
     return record
+
+
+def draw_front(result: dict[str, Any], path: Path) -> Path | None:
+    """The bytes-against-time plane of the study's rows (every evaluation seed and the medians, the front joined),
+    beside its results file."""
+    from shoal.report.pareto import plot_pareto, points_of
+
+    return plot_pareto(points_of(result["rows"]), path, "virtual seconds")
 
 
 def answers_of(result: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -111,7 +120,16 @@ def answers_of(result: dict[str, Any], out: Path) -> dict[str, Any]:
     answers["sim_vs_best_low_comm"] = {**pairwise(result, "bsp+sim", best_low),
                                        "bytes": bytes_ratio(rows["bsp+sim"], rows[best_low])}
     answers["sim_vs_bsp"] = {**pairwise(result, "bsp+sim", "bsp"), "bytes": bytes_ratio(rows["bsp+sim"], rows["bsp"])}
+    answers["pareto_front"] = front_of(result)
     return answers
+
+
+def front_of(result: dict[str, Any]) -> list[str]:
+    """The schemes whose medians no other scheme beats on both time and bytes to target, fastest first."""
+    from shoal.report.pareto import pareto_front
+
+    return pareto_front([(r["scheme"], r["time_to_target_s"], r["bytes_to_target"]) for r in result["rows"]
+                         if r.get("time_to_target_s") is not None and r.get("bytes_to_target") is not None])
 
 
 def bytes_ratio(mine: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
@@ -201,6 +219,10 @@ def answer_lines(answers: dict[str, Any]) -> list[str]:
         extra = f"; bytes: {_fewer(a['bytes'])}" if "bytes" in a else ""
         lines += ["", f"**{title}** ({a['mine']} vs {a['base']}): speed-up of medians {_x(sp)}{interval}, "
                       f"Mann-Whitney p = {'-' if p is None else f'{p:.3g}'}{extra}."]
+    if "pareto_front" in answers:
+        lines += ["", "**Pareto front** (medians: no other scheme reaches the target both sooner and with fewer "
+                      "bytes; every seed in `-pareto.png` beside the results file): "
+                      + ", ".join(f"`{scheme}`" for scheme in answers["pareto_front"]) + "."]
     peak = answers["peak_upload_vs_diloco"]
     whole = answers.get("peak_upload_whole_vs_diloco")
     with_whole = f"; with fragments of whole tensors, {whole['ratio']}" if whole else ""

@@ -167,6 +167,11 @@ def test_the_low_communication_answers_and_report_are_written_for_every_row_the_
     text = lowcomm.report("lm-1g", lowcomm.STUDIES["lm-1g"], result, answers)
     assert "against fragments of whole tensors" in text and "with fragments of whole tensors, 0.271" in text
     assert "fp4's metric was +20.00% (95% interval +20.00%..+20.00%) from float32's at that time and +10.00%" in text
+    # the front of the committed medians: fp4 is as soon as float32 Streaming DiLoCo with a fifth of the bytes
+    assert answers["pareto_front"] == [lowcomm.FP4]
+    assert f"**Pareto front** (medians: no other scheme reaches the target both sooner and with fewer bytes; " \
+           f"every seed in `-pareto.png` beside the results file): `{lowcomm.FP4}`." in text
+    assert lowcomm.draw_front(result, tmp_path / "front.png").stat().st_size > 10_000
 
 
 def test_the_image_studys_subset_of_schemes_gets_its_answers_too(tmp_path):
@@ -272,3 +277,14 @@ def test_a_studys_time_left_comes_from_the_median_of_its_finished_runs():
         "; about 1.7 h left at --jobs 2 (median run 20 min)"  # 10 runs of 1200 s, two at a time
     assert evidence.time_left([], 10, 2) == ""  # nothing finished: nothing to time
     assert evidence.time_left([600.0], 1, 2) == ""  # nothing left
+
+
+def test_a_low_communication_study_in_the_readme_shows_its_bytes_and_its_front(tmp_path, monkeypatch):
+    results, readme = _results_folder(tmp_path, monkeypatch)
+    (results / "lowcomm-lm-1g.json").write_text((check_results.RESULTS / "lowcomm-lm-1g.json").read_text())
+    (results / "lowcomm-lm-1g-pareto.png").write_bytes(b"png")
+    assert headline.main(["--write"]) == 0
+    text = readme.read_text()
+    assert "| `bsp` | - | 38.1 | 36.2..40.0 | 10/10 | 3512.7 MB | 1.00x | 0.00014 | loses, 0.41x |" in text
+    assert "(benchmarks/results/lowcomm-lm-1g-pareto.png)" in text
+    assert text.index("benchmarks/balance.py lm-tiers") < text.index("benchmarks/lowcomm.py lm-1g")

@@ -21,7 +21,7 @@ from shoal.report.plots import save_figure, scheme_style  # (plots selects the A
 from shoal.report.units import human_bytes
 
 
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "p", "<", ">")  # a study of up to 12 rows: no two alike
 
 
 @dataclass(frozen=True)
