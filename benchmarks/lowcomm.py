@@ -29,14 +29,15 @@ The answers, on the evaluation seeds:
 - SIM's signal put to use: Streaming DiLoCo syncing the fragment the workers
   agreed on least first, against the staggered order;
 - SIM against the best of local SGD, DiLoCo and Streaming DiLoCo, with the
-  bytes each moved (the report's bytes-against-time plot shows the front),
-  and against the BSP it runs on.
+  bytes each moved, and against the BSP it runs on;
+- the Pareto front: the schemes whose medians no other beats on both time
+  and bytes to target (``lowcomm-STUDY-pareto.png`` draws every seed).
 
 Usage:
     .venv/bin/python benchmarks/lowcomm.py STUDY [--jobs 2] [--seeds 10] [--tune-seeds 2] [--resume]
     .venv/bin/python benchmarks/lowcomm.py --list
 
-Results: benchmarks/results/lowcomm-STUDY.{json,md}; runs in runs/evidence/lowcomm-STUDY.
+Results: benchmarks/results/lowcomm-STUDY.{json,md} and -pareto.png; runs in runs/evidence/lowcomm-STUDY.
 """
 
 from __future__ import annotations
