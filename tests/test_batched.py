@@ -18,7 +18,7 @@ from shoal.backends.sim.lazy import LazyGradients
 from shoal.config import load_config
 from shoal.engine.batched import BatchedGradients, Request
 from shoal.engine.gradients import GradientEngine, worker_seed
-from shoal.engine.task import DEFAULT_TASK
+from shoal.engine.task import DEFAULT_TASK, Task, cross_entropy, cross_entropy_per_sample, mse, mse_per_sample
 from shoal.models import MODELS as BUILT_IN, build_model
 from shoal.runner import train
 
@@ -86,15 +86,52 @@ def test_shared_parameters_go_in_once_and_give_what_stacked_ones_give():
 
 
 def test_batches_of_different_sizes_and_a_call_limit_split_the_calls_not_the_results():
-    engine, gen = engine_for("mlp")
-    requests = requests_for("mlp", engine, gen, 5)
+    """Batch norm mixes a batch's samples, so there each batch size gets its own calls."""
+    engine, gen = engine_for("resnet18")
+    requests = requests_for("resnet18", engine, gen, 5)
     requests[1] = Request(requests[1].params, requests[1].buffers, requests[1].x[:2], requests[1].y[:2])
     batcher = BatchedGradients(engine, limit=2)
+    assert not batcher.pads
     results = batcher.compute(requests)
     assert batcher.calls == 3 and batcher.largest == 2  # sizes 4 (four: two calls) and 2 (one)
+    for r, (grad, delta, loss) in zip(requests, results):
+        expected, expected_delta, expected_loss = engine.gradient(r.params, r.buffers, r.x, r.y)
+        assert torch.allclose(grad, expected, rtol=0, atol=1e-10) and loss == pytest.approx(expected_loss)
+        assert torch.allclose(delta, expected_delta, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet5", "transformer"])
+def test_unequal_batches_share_one_padded_call_and_give_the_loops_gradients(name: str):
+    """Balanced batches differ per worker: padded to the largest, the padding weighted 0 in the mean of the
+    per-sample losses, every worker's gradient and loss are its own unpadded batch's."""
+    engine, gen = engine_for(name)
+    requests = requests_for(name, engine, gen, 4)
+    for i, size in enumerate((4, 1, 3, 2)):
+        r = requests[i]
+        requests[i] = Request(r.params, r.buffers, r.x[:size], r.y[:size])
+    batcher = BatchedGradients(engine)
+    assert batcher.pads
+    results = batcher.compute(requests)
+    assert batcher.calls == 1 and batcher.largest == 4
     for r, (grad, _, loss) in zip(requests, results):
         expected, _, expected_loss = engine.gradient(r.params, r.buffers, r.x, r.y)
-        assert torch.allclose(grad, expected, rtol=0, atol=1e-10) and loss == pytest.approx(expected_loss)
+        assert torch.allclose(grad, expected, rtol=0, atol=1e-10) and loss == pytest.approx(expected_loss, abs=1e-10)
+
+
+def test_a_users_loss_gives_only_its_mean_so_unequal_batches_are_not_padded():
+    engine, _ = engine_for("mlp")
+    engine.task = Task(lambda output, target: torch.nn.functional.cross_entropy(output, target))
+    assert not BatchedGradients(engine).pads
+
+
+@pytest.mark.parametrize("loss, per_sample", [(cross_entropy, cross_entropy_per_sample), (mse, mse_per_sample)])
+@pytest.mark.parametrize("shape, target", [((5, 7), (5,)), ((5, 3, 7), (5, 3))])
+def test_the_mean_of_the_per_sample_losses_is_the_loss(loss, per_sample, shape, target):
+    gen = torch.Generator().manual_seed(0)
+    output = torch.randn(shape, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 7, target, generator=gen) if loss is cross_entropy else torch.randn(shape, generator=gen)
+    assert per_sample(output, labels).shape == (5,)
+    assert float(per_sample(output, labels).mean()) == pytest.approx(float(loss(output, labels)), abs=1e-12)
 
 
 def test_a_call_out_of_memory_is_retried_in_halves_and_the_limit_stays_halved(monkeypatch):
@@ -172,7 +209,7 @@ SCHEMES = {
     "powersgd": ["compression.method=powersgd"],
     "streaming_diloco": ["sync.scheme=streaming_diloco", "sync.streaming_diloco.local_steps=4",
                          "sync.streaming_diloco.fragments=2"],
-    "bsp+balance": ["sync.balance=batch"],  # batch sizes differ per worker: one call per size
+    "bsp+balance": ["sync.balance=batch"],  # batch sizes differ per worker: padded into shared calls
 }
 
 

@@ -9,10 +9,15 @@ vector is cut into views shaped like the module's parameters; each float
 buffer is cloned from its slice (a view of one flat tensor would lose the
 in-place running-statistics update) and integer buffers
 (``num_batches_tracked``) are made fresh inside the call, because vmap
-cannot write into the module's own. Requests with different batch shapes
-(balanced batch sizes) go in separate calls; ``limit`` caps the workers per
-call, and a call that runs out of device memory is retried in halves (the
-limit stays halved for the rest of the run).
+cannot write into the module's own. Requests of different batch sizes
+(balanced batches: each worker's in proportion to its speed) share a call
+padded to the largest, each sample weighted 1 (or 0 where padded) in the
+mean of the task's per-sample losses, so the gradient is the unpadded
+mean's. Not where the samples of a batch meet in the model (batch norm's
+statistics would take in the padding) or where the loss is the user's
+(only its mean is known): there each batch size gets its own calls.
+``limit`` caps the workers per call, and a call that runs out of device
+memory is retried in halves (the limit stays halved for the rest of the run).
 
 A result equals the loop's to float rounding, not bitwise: a vmapped
 kernel sums in another order (tests/test_batched.py: float64 within 1e-10).
@@ -29,6 +34,7 @@ to the loop.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +79,9 @@ class BatchedGradients:
         named = dict(model.named_buffers())
         self._float_buffers = [(n, tuple(b.shape)) for n, b in named.items() if b.is_floating_point()]
         self._int_buffers = [(n, b.dtype, tuple(b.shape)) for n, b in named.items() if not b.is_floating_point()]
+        # pad unequal batches: only where samples stay apart in the model and the loss is known per sample
+        self.pads = engine.task.per_sample is not None and not any(
+            isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         self.calls = 0  # vmapped calls made
         self.largest = 0  # the most requests one call computed
 
@@ -80,9 +89,12 @@ class BatchedGradients:
         """Every request's gradient, buffer change and loss, in the order given."""
         results: list[Result | None] = [None] * len(requests)
         by_shape: dict[tuple[Any, ...], list[int]] = {}
+        first = 1 if self.pads else 0  # padding: the batch dimension may differ within a call
         for i, r in enumerate(requests):
-            by_shape.setdefault((tuple(r.x.shape), tuple(r.y.shape), r.x.dtype, r.y.dtype), []).append(i)
+            key = (tuple(r.x.shape[first:]), tuple(r.y.shape[first:]), r.x.dtype, r.y.dtype)
+            by_shape.setdefault(key, []).append(i)
         for indices in by_shape.values():
+            indices.sort(key=lambda i: -len(requests[i].x))  # similar sizes share a call: less padding (stable)
             start = 0
             while start < len(indices):
                 chunk = indices[start : start + self.limit]
@@ -107,15 +119,21 @@ class BatchedGradients:
         shared = all(r.params is first.params for r in requests)  # one version: pass it once, not stacked
         params = (first.params if shared else torch.stack([r.params for r in requests])).to(device)
         buffers = torch.stack([r.buffers for r in requests]).to(device)
-        x = torch.stack([r.x for r in requests]).to(device)
-        y = torch.stack([r.y for r in requests]).to(device)
+        sizes = [len(r.x) for r in requests]
+        x = torch.stack([_padded(r.x, max(sizes)) for r in requests]).to(device)
+        y = torch.stack([_padded(r.y, max(sizes)) for r in requests]).to(device)
+        inputs: tuple[torch.Tensor, ...] = (params, buffers, x, y)
+        loss = self._loss
+        if len(set(sizes)) > 1:  # equal batches keep the unweighted mean: the same kernels as without padding
+            weights = torch.tensor([[1.0] * n + [0.0] * (max(sizes) - n) for n in sizes], dtype=params.dtype)
+            inputs, loss = inputs + (weights.to(device),), self._weighted_loss
         self.engine.model.train()
-        step = vmap(grad_and_value(self._loss, has_aux=True), in_dims=(None if shared else 0, 0, 0, 0),
+        step = vmap(grad_and_value(loss, has_aux=True), in_dims=(None if shared else 0,) + (0,) * (len(inputs) - 1),
                     randomness="different")
         with warnings.catch_warnings(), seeded(call_seed(requests), device):
             # CPU attention has no batching rule: vmap loops it, and says so each call
             warnings.filterwarnings("ignore", message="There is a performance drop", category=UserWarning)
-            grads, (losses, buffer_deltas) = step(params, buffers, x, y)
+            grads, (losses, buffer_deltas) = step(*inputs)
         self.calls += 1
         self.largest = max(self.largest, len(requests))
         grads, buffer_deltas, losses = grads.detach().cpu(), buffer_deltas.detach().cpu(), losses.detach().cpu()
@@ -124,6 +142,18 @@ class BatchedGradients:
     def _loss(self, flat: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor,
               y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One worker's loss at ``flat`` (vmapped: no worker dimension here), with its buffer change as aux."""
+        return self._forward(flat, buffers, x, lambda output: self.engine.task.loss(output, y))
+
+    def _weighted_loss(self, flat: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                       weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_loss`` of a padded batch: the mean of the per-sample losses over the samples weighted 1."""
+        per_sample = self.engine.task.per_sample
+        assert per_sample is not None, "padded only where the task has per-sample losses"
+        return self._forward(flat, buffers, x, lambda output: (per_sample(output, y) * weights).sum() / weights.sum())
+
+    def _forward(self, flat: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor,
+                 loss_of: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model on ``x`` at ``flat`` and ``buffers``: ``loss_of(output)``, and the buffer change as aux."""
         from torch.func import functional_call
 
         params = {name: piece.view(shape) for name, piece, shape in
@@ -133,6 +163,13 @@ class BatchedGradients:
         state = {name: piece.view(shape).clone() for (name, shape), piece in zip(self._float_buffers, pieces)}
         state.update({name: torch.zeros(shape, dtype=dtype, device=flat.device)
                       for name, dtype, shape in self._int_buffers})
-        loss = self.engine.task.loss(functional_call(self.engine.model, {**params, **state}, (x,)), y)
+        loss = loss_of(functional_call(self.engine.model, {**params, **state}, (x,)))
         after = torch.cat([state[name].reshape(-1) for name, _ in self._float_buffers]) if sizes else buffers
         return loss, (after.detach() - buffers if sizes else buffers)
+
+
+def _padded(t: torch.Tensor, size: int) -> torch.Tensor:
+    """``t`` with zeros appended along its first (sample) dimension up to ``size`` (weighted 0 where used)."""
+    if len(t) == size:
+        return t
+    return torch.cat([t, t.new_zeros((size - len(t), *t.shape[1:]))])

@@ -44,6 +44,19 @@ def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(output, target.to(output.dtype).reshape(output.shape))
 
 
+def cross_entropy_per_sample(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Each sample's cross-entropy (N,), the mean over its positions for sequence logits: every sample has as many
+    targets, so the mean of these is ``cross_entropy``. The batched simulator weights them to pad a batch."""
+    losses = F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1), reduction="none")
+    return losses.reshape(output.shape[0], -1).mean(dim=1)
+
+
+def mse_per_sample(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Each sample's mean squared error (N,); their mean is ``mse``."""
+    errors = F.mse_loss(output, target.to(output.dtype).reshape(output.shape), reduction="none")
+    return errors.reshape(output.shape[0], -1).mean(dim=1)
+
+
 @dataclass
 class Task:
     """The loss and the metric of a run (with its direction)."""
@@ -52,18 +65,23 @@ class Task:
     metric: str = "accuracy"
     metric_fn: Callable[[torch.Tensor, torch.Tensor], float] | None = None
     higher_is_better: bool = True
+    #: each sample's loss, whose mean is ``loss`` (built-in losses; None for a user's, which returns only the mean)
+    per_sample: Loss | None = None
 
     @classmethod
     def from_config(cls, task: TaskConfig) -> "Task":
+        per_sample = None
         if is_plugin(task.loss):
             loss = _checked_loss(load_function(task.loss, "task.loss"), task.loss)
+        elif task.loss == "cross_entropy":
+            loss, per_sample = cross_entropy, cross_entropy_per_sample
         else:
-            loss = cross_entropy if task.loss == "cross_entropy" else mse
+            loss, per_sample = mse, mse_per_sample
         metric_fn = load_function(task.metric, "task.metric") if is_plugin(task.metric) else None
         if task.metric in ("perplexity", "bits_per_byte") and task.loss != "cross_entropy":
             raise ConfigError(f"task.metric: {task.metric} is computed from the cross-entropy; it needs "
                               "task.loss = \"cross_entropy\"")
-        return cls(loss, task.metric, metric_fn, task.higher)
+        return cls(loss, task.metric, metric_fn, task.higher, per_sample)
 
     def judge(self, outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> Evaluation:
         """The metric, mean loss and accuracy over batches of outputs (weighted by their number of targets)."""
@@ -113,4 +131,4 @@ def _checked_loss(fn: Callable[..., torch.Tensor], spec: str) -> Loss:
     return loss
 
 
-DEFAULT_TASK = Task(cross_entropy)
+DEFAULT_TASK = Task(cross_entropy, per_sample=cross_entropy_per_sample)
