@@ -4,6 +4,7 @@ falls back to the loop; a batched run matches the loop run per scheme and reruns
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -86,8 +87,14 @@ def test_shared_parameters_go_in_once_and_give_what_stacked_ones_give():
 
 
 def test_batches_of_different_sizes_and_a_call_limit_split_the_calls_not_the_results():
-    """Batch norm mixes a batch's samples, so there each batch size gets its own calls."""
+    """A batch-norm layer that is not torch's own cannot leave padding out: there each batch size gets its own
+    calls."""
     engine, gen = engine_for("resnet18")
+    model = engine.model
+    name, norm = next((n, m) for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d))
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent), child, CustomNorm(norm.num_features).double())
+    engine = GradientEngine(model, DEFAULT_TASK)
     requests = requests_for("resnet18", engine, gen, 5)
     requests[1] = Request(requests[1].params, requests[1].buffers, requests[1].x[:2], requests[1].y[:2])
     batcher = BatchedGradients(engine, limit=2)
@@ -100,22 +107,34 @@ def test_batches_of_different_sizes_and_a_call_limit_split_the_calls_not_the_res
         assert torch.allclose(delta, expected_delta, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("name", ["mlp", "lenet5", "transformer"])
+class CustomNorm(nn.BatchNorm2d):
+    """A user's batch norm with a forward of its own (here torch's, unchanged)."""
+
+    def forward(self, x):
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet5", "transformer", "resnet18", "vgg11"])
 def test_unequal_batches_share_one_padded_call_and_give_the_loops_gradients(name: str):
     """Balanced batches differ per worker: padded to the largest, the padding weighted 0 in the mean of the
-    per-sample losses, every worker's gradient and loss are its own unpadded batch's."""
+    per-sample losses and left out of batch norm's statistics, every worker's gradient, loss and running
+    statistics are its own unpadded batch's."""
     engine, gen = engine_for(name)
     requests = requests_for(name, engine, gen, 4)
-    for i, size in enumerate((4, 1, 3, 2)):
+    # at least 3 samples each: batch norm over 2 values (VGG's last layers are 1x1) amplifies float rounding to 1e-8
+    for i, size in enumerate((4, 3, 4, 3)):
         r = requests[i]
         requests[i] = Request(r.params, r.buffers, r.x[:size], r.y[:size])
     batcher = BatchedGradients(engine)
     assert batcher.pads
     results = batcher.compute(requests)
     assert batcher.calls == 1 and batcher.largest == 4
-    for r, (grad, _, loss) in zip(requests, results):
-        expected, _, expected_loss = engine.gradient(r.params, r.buffers, r.x, r.y)
+    for r, (grad, delta, loss) in zip(requests, results):
+        expected, expected_delta, expected_loss = engine.gradient(r.params, r.buffers, r.x, r.y)
         assert torch.allclose(grad, expected, rtol=0, atol=1e-10) and loss == pytest.approx(expected_loss, abs=1e-10)
+        assert torch.allclose(delta, expected_delta, rtol=0, atol=1e-10)
+    if name in ("resnet18", "vgg11"):  # the running statistics moved, by the real samples' statistics alone
+        assert all(float(d.abs().max()) > 1e-3 for _, d, _ in results)
 
 
 def test_a_users_loss_gives_only_its_mean_so_unequal_batches_are_not_padded():
@@ -319,3 +338,26 @@ def test_a_plugin_model_vmap_cannot_take_says_so_in_one_line_and_trains_in_the_l
     events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [e["reason"] for e in events if e.get("event") == "batching_fallback"] == [summary["batching"]["fallback"]]
     assert summary["iterations"] > 0
+
+
+@pytest.mark.parametrize("layer, shape", [(nn.BatchNorm1d(3), (5, 3)), (nn.BatchNorm1d(3), (5, 3, 4)),
+                                          (nn.BatchNorm2d(3), (5, 3, 4, 4)), (nn.BatchNorm2d(3, affine=False), (5, 3, 2, 2))])
+def test_masked_batch_norm_on_a_padded_batch_is_torchs_on_the_real_samples(layer, shape):
+    from shoal.engine.masked_norm import MaskedBatchNorm, SampleWeights
+
+    torch.manual_seed(0)
+    reference = layer.double().train()
+    if reference.affine:
+        nn.init.normal_(reference.weight)
+        nn.init.normal_(reference.bias)
+    weights = SampleWeights()
+    masked = MaskedBatchNorm(copy.deepcopy(reference), weights)
+    x = torch.randn(shape, dtype=torch.float64)
+    padded = torch.cat([x[:3], torch.zeros_like(x[:2])])  # 3 real samples, 2 of padding
+    weights.weights = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    out = masked(padded)
+    expected = reference(x[:3])
+    assert torch.allclose(out[:3], expected, rtol=0, atol=1e-12)
+    assert torch.allclose(masked.running_mean, reference.running_mean, rtol=0, atol=1e-12)
+    assert torch.allclose(masked.running_var, reference.running_var, rtol=0, atol=1e-12)
+    assert int(masked.num_batches_tracked) == int(reference.num_batches_tracked) == 1

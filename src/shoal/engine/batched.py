@@ -13,9 +13,10 @@ cannot write into the module's own. Requests of different batch sizes
 (balanced batches: each worker's in proportion to its speed) share a call
 padded to the largest, each sample weighted 1 (or 0 where padded) in the
 mean of the task's per-sample losses, so the gradient is the unpadded
-mean's. Not where the samples of a batch meet in the model (batch norm's
-statistics would take in the padding) or where the loss is the user's
-(only its mean is known): there each batch size gets its own calls.
+mean's; batch norm computes its statistics over the real samples only
+(engine/masked_norm.py). Not where the loss is the user's (only its mean
+is known) or a batch-norm layer is not torch's own: there each batch size
+gets its own calls.
 ``limit`` caps the workers per call, and a call that runs out of device
 memory is retried in halves (the limit stays halved for the rest of the run).
 
@@ -41,6 +42,7 @@ from typing import Any
 import torch
 
 from shoal.engine.gradients import GradientEngine, mix_seeds, seeded
+from shoal.engine.masked_norm import SampleWeights, can_mask, has_batch_norm, masked_copy
 
 
 @dataclass
@@ -79,9 +81,10 @@ class BatchedGradients:
         named = dict(model.named_buffers())
         self._float_buffers = [(n, tuple(b.shape)) for n, b in named.items() if b.is_floating_point()]
         self._int_buffers = [(n, b.dtype, tuple(b.shape)) for n, b in named.items() if not b.is_floating_point()]
-        # pad unequal batches: only where samples stay apart in the model and the loss is known per sample
-        self.pads = engine.task.per_sample is not None and not any(
-            isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+        # pad unequal batches where the loss is known per sample and batch norm (if any) can leave the padding out
+        self._weights = SampleWeights()
+        self.pads = engine.task.per_sample is not None and can_mask(model)
+        self._padded_model = masked_copy(model, self._weights) if self.pads and has_batch_norm(model) else model
         self.calls = 0  # vmapped calls made
         self.largest = 0  # the most requests one call computed
 
@@ -128,6 +131,7 @@ class BatchedGradients:
             weights = torch.tensor([[1.0] * n + [0.0] * (max(sizes) - n) for n in sizes], dtype=params.dtype)
             inputs, loss = inputs + (weights.to(device),), self._weighted_loss
         self.engine.model.train()
+        self._padded_model.train()
         step = vmap(grad_and_value(loss, has_aux=True), in_dims=(None if shared else 0,) + (0,) * (len(inputs) - 1),
                     randomness="different")
         with warnings.catch_warnings(), seeded(call_seed(requests), device):
@@ -142,18 +146,21 @@ class BatchedGradients:
     def _loss(self, flat: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor,
               y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One worker's loss at ``flat`` (vmapped: no worker dimension here), with its buffer change as aux."""
-        return self._forward(flat, buffers, x, lambda output: self.engine.task.loss(output, y))
+        return self._forward(self.engine.model, flat, buffers, x, lambda output: self.engine.task.loss(output, y))
 
     def _weighted_loss(self, flat: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
                        weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_loss`` of a padded batch: the mean of the per-sample losses over the samples weighted 1."""
+        """``_loss`` of a padded batch: the mean of the per-sample losses over the samples weighted 1 (batch norm,
+        if any, computes its statistics over those samples only: engine/masked_norm.py)."""
         per_sample = self.engine.task.per_sample
         assert per_sample is not None, "padded only where the task has per-sample losses"
-        return self._forward(flat, buffers, x, lambda output: (per_sample(output, y) * weights).sum() / weights.sum())
+        self._weights.weights = weights  # this worker's, read by the masked batch norm during the call below
+        return self._forward(self._padded_model, flat, buffers, x,
+                             lambda output: (per_sample(output, y) * weights).sum() / weights.sum())
 
-    def _forward(self, flat: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor,
+    def _forward(self, model: torch.nn.Module, flat: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor,
                  loss_of: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The model on ``x`` at ``flat`` and ``buffers``: ``loss_of(output)``, and the buffer change as aux."""
+        """``model`` on ``x`` at ``flat`` and ``buffers``: ``loss_of(output)``, and the buffer change as aux."""
         from torch.func import functional_call
 
         params = {name: piece.view(shape) for name, piece, shape in
@@ -163,7 +170,7 @@ class BatchedGradients:
         state = {name: piece.view(shape).clone() for (name, shape), piece in zip(self._float_buffers, pieces)}
         state.update({name: torch.zeros(shape, dtype=dtype, device=flat.device)
                       for name, dtype, shape in self._int_buffers})
-        loss = loss_of(functional_call(self.engine.model, {**params, **state}, (x,)))
+        loss = loss_of(functional_call(model, {**params, **state}, (x,)))
         after = torch.cat([state[name].reshape(-1) for name, _ in self._float_buffers]) if sizes else buffers
         return loss, (after.detach() - buffers if sizes else buffers)
 
