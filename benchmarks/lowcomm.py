@@ -122,7 +122,32 @@ def answers_of(result: dict[str, Any], out: Path) -> dict[str, Any]:
                                        "bytes": bytes_ratio(rows["bsp+sim"], rows[best_low])}
     answers["sim_vs_bsp"] = {**pairwise(result, "bsp+sim", "bsp"), "bytes": bytes_ratio(rows["bsp+sim"], rows["bsp"])}
     answers["pareto_front"] = front_of(result)
+    if FP4 in rows:
+        answers["issue_targets"] = issue_targets(answers, pairwise(result, FP4, "diloco"), rows)
     return answers
+
+
+def issue_targets(answers: dict[str, Any], fp4_vs_diloco: dict[str, Any], rows: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 40's "Done means" for Streaming DiLoCo as the issue states them, each with what was measured and
+    whether it holds: with fp4 outer gradients (the paper's setting) >= 100x fewer bytes to
+    target than BSP and no later than tuned DiLoCo (medians); a peak upload of at most 1/fragments of DiLoCo's;
+    fp4 costing at most 1% of the validation metric at the target against float32."""
+    from shoal.config import load_config
+
+    fragments = load_config(None, []).sync.streaming_diloco.fragments
+    fewer, cost = answers["fp4_bytes_vs_bsp"]["fewer_x"], answers["fp4_at_target"].get("vs_base", {}).get("median")
+    times = [rows[FP4]["time_to_target_s"], rows["diloco"]["time_to_target_s"]]
+    peak = answers["peak_upload_vs_diloco"]["ratio"]
+    return [
+        {"target": "fp4: >= 100x fewer bytes to target than BSP (ratio of medians)", "measured": fewer,
+         "met": fewer is not None and fewer >= 100},
+        {"target": "fp4: median time to target no later than tuned DiLoCo's", "measured": times,
+         "met": None not in times and times[0] <= times[1], "p_value": fp4_vs_diloco["p_value"]},
+        {"target": f"peak upload per worker at most 1/{fragments} of DiLoCo's", "measured": peak,
+         "met": peak is not None and peak <= 1 / fragments},
+        {"target": "fp4 costs at most 1% of the metric at the target against float32 (median)", "measured": cost,
+         "met": cost is not None and cost <= 0.01},
+    ]
 
 
 def front_of(result: dict[str, Any]) -> list[str]:
@@ -224,6 +249,10 @@ def answer_lines(answers: dict[str, Any]) -> list[str]:
         lines += ["", "**Pareto front** (medians: no other scheme reaches the target both sooner and with fewer "
                       "bytes; every seed in `-pareto.png` beside the results file): "
                       + ", ".join(f"`{scheme}`" for scheme in answers["pareto_front"]) + "."]
+    for target in answers.get("issue_targets", []):
+        lines += ["", f"**Issue 40, {target['target']}**: {'met' if target['met'] else '**not met**'} "
+                      f"(measured: {_measured(target['measured'])}"
+                      + (f", p = {target['p_value']:.3g}" if target.get("p_value") is not None else "") + ")."]
     peak = answers["peak_upload_vs_diloco"]
     whole = answers.get("peak_upload_whole_vs_diloco")
     with_whole = f"; with fragments of whole tensors, {whole['ratio']}" if whole else ""
@@ -234,6 +263,13 @@ def answer_lines(answers: dict[str, Any]) -> list[str]:
         lines += ["", f"**fp4 at the target**: when float32 Streaming DiLoCo reached the target, fp4's metric was "
                       f"{against_float32}{_change(quality)} from the target (medians over seeds)."]
     return lines
+
+
+def _measured(value: Any) -> str:
+    """A target's measurement in words: a number, or two medians (this row's and the one it is held to)."""
+    if isinstance(value, list):
+        return " against ".join("never" if v is None else f"{v:.1f} s" for v in value)
+    return "-" if value is None else f"{value:.4g}"
 
 
 def _change(quality: dict[str, Any]) -> str:
