@@ -17,7 +17,9 @@ The questions answered per study, on the evaluation seeds:
   (bootstrap interval), the Mann-Whitney p-value and the final quality;
 - the best heterogeneity scheme against tuned ASP: which wins, with p;
 - where the study runs it, asynchronous DiLoCo against DiLoCo (HeLoCo
-  reports +22% under heterogeneity).
+  reports +22% under heterogeneity);
+- on the tiered cluster, whether issue 39's target holds (balanced BSP
+  >= 1.46x sooner than plain BSP, p < 0.05, no more than 0.5% worse).
 
 Usage:
     .venv/bin/python benchmarks/balance.py STUDY [--jobs 2] [--seeds 10] [--tune-seeds 2] [--resume]
