@@ -325,21 +325,23 @@ def test_asynchronous_diloco_on_ray_lets_the_fast_worker_run_ahead(ray_session):
     assert summary["final_accuracy"] > 0.4
 
 
-def test_balanced_batches_on_ray_follow_each_workers_emulated_speed(ray_session, tmp_path):
-    """sync.balance = "batch": the server sizes each actor's batch to its speed; the actor computes exactly that
-    many samples, its records show it, and the run reaches its target."""
-    cfg = ray_config("cluster.workers=3", "cluster.speeds=[1,1,4]", "sync.balance=batch",
+@pytest.mark.parametrize("path", ["server", "allreduce"])
+def test_balanced_batches_on_ray_follow_each_workers_emulated_speed(ray_session, tmp_path, path):
+    """sync.balance = "batch": each actor's batch is sized to its speed, by the server or, in an all-reduce group,
+    by the same balancer on every rank fed the group's agreed observations; the actor computes exactly that many
+    samples, its records show it, and the run reaches its target."""
+    cfg = ray_config("cluster.workers=3", "cluster.speeds=[1,1,4]", "sync.balance=batch", f"sync.intra_group={path}",
                      "balance.profile_iterations=2", "cluster.compute_s=0.02", "run.max_time_s=40")
     summary = train(cfg, tmp_path / "run")
     events = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     last = {e["worker"]: e["batch"] for e in events if e["event"] == "iteration"}
-    assert summary["stop_reason"] == "target_reached"
+    assert summary["stop_reason"] == "target_reached" and summary["data_path"]["intra_group"] == path
     assert last[2] < 32 < last[0] and sum(last.values()) == 3 * 32, last
-    assert any(e["event"] == "balance" for e in events)
+    resized = [e for e in events if e["event"] == "balance"]
+    assert resized and sum(resized[-1]["sizes"].values()) == 3 * 32
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["sync.balance=batch", "sync.intra_group=allreduce"], "sync.balance: on ray"),
     (["sync.balance=deadline"], "sync.balance: 'deadline' runs on sim only"),
     (["sync.scheme=localsgd", "sync.balance=steps"], "sync.balance: 'steps' runs on sim only"),
 ])

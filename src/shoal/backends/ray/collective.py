@@ -31,6 +31,13 @@ regroup stops every group, sends what is left, applies everything
 delivered (the replicas are then equal) and forms the new groups
 (``form``).
 
+Balanced batches (``sync.balance = "batch"``): every rank holds the same
+pure ``WorkBalancer``. The agreement vector also carries each rank's last
+(compute seconds, samples) in its own slots and infinity in the others', so
+its MIN gives every rank every member's observation; all feed them in rank
+order and resize alike, from the next iteration on. Each rank's loss is
+scaled by its share of the group's samples (DDP averages).
+
 Emulation (``cluster.emulate``) pads as the server path does: before the
 forward pass up to the profile's compute time, after the step up to a ring
 all-reduce's time over the group on the emulated links (the sim charges the
@@ -44,6 +51,7 @@ comm: what the worker's iteration takes without waiting.
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import socket
@@ -103,7 +111,11 @@ class CollectiveWorker(GroupExchange):
         self.engine = build_engine(cfg, shard.input_shape, num_classes)
         self.engine._load(torch.from_numpy(np.array(params)), torch.from_numpy(np.array(buffers)))
         self.engine.to(self.device)
-        self.grouped = Strategy.from_config(cfg, self.engine.layout).grouped  # GSSP groups; else one group of all
+        strategy = Strategy.from_config(cfg, self.engine.layout)
+        self.grouped = strategy.grouped  # GSSP groups; else one group of all
+        # sync.balance = "batch": every rank holds the same pure balancer, fed the same agreed observations
+        self.balancer = strategy.balancer(cfg.cluster.total_workers)
+        self._observed: tuple[float, int] | None = None  # this rank's last iteration: (compute seconds, samples)
         batch = min(len(shard.y_train), cfg.data.batch_size)  # what measures compute, without using the stream
         self._probe = (shard.x_train[:batch].to(self.device), shard.y_train[:batch].to(self.device))
         self.stragglers = StragglerModel(cfg.cluster.stragglers, cfg.cluster.workers, cfg.run.seed)
@@ -196,6 +208,7 @@ class CollectiveWorker(GroupExchange):
         self._set_scale(plan.lr, plan.scale, kept[1] if kept is not None else None)
         self.inbox = DeltaInbox(plan.groups)
         self._rounds, self._sent, self._stopping = 0, 0, False
+        self._observed = None  # an observation belongs to the rank of the group it was made in
         self.bare_allreduce_s = self._measure_allreduce()
         self._own, self._received = None, None
         if plan.leaders:
@@ -306,15 +319,19 @@ class CollectiveWorker(GroupExchange):
         # quarter), awaited after the step. GSSP: after the step, blocking: a regroup's stop ends this iteration
         overlapped = agree and not self.grouped
         control, agreed = self._agreement(overlapped) if overlapped else (None, None)
-        x, y = self.stream.next()
+        batch = self.balancer.size(self.w) if self.balancer else self.cfg.data.batch_size
+        x, y = self.stream.next(batch if self.balancer else None)
         x, y = x.to(self.device), y.to(self.device)
-        target = self.compute_s * self.speed * self.stragglers.factor(self.w)
-        if c.emulate and target > self.real_compute_s:
-            time.sleep(target - self.real_compute_s)
+        target = self.compute_s * self.speed * self.stragglers.factor(self.w) * batch / self.cfg.data.batch_size
+        real = self.real_compute_s * batch / self.cfg.data.batch_size
+        if c.emulate and target > real:
+            time.sleep(target - real)
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.engine.task.loss(self.ddp(x), y)
-        loss.backward()  # DDP all-reduces the gradient buckets while backward runs
+        # balanced: DDP averages the ranks' gradients, so each is weighted by its share of the group's samples
+        scale = self.balancer.scale(self.w, plan.members) if self.balancer else 1.0
+        (loss * scale if scale != 1.0 else loss).backward()  # DDP all-reduces the buckets while backward runs
         self.iterations += 1
         with self.lock:
             if not self.grouped:
@@ -330,15 +347,21 @@ class CollectiveWorker(GroupExchange):
         self._rounds += 1
         if plan.leaders and plan.exchange_every and self._rounds >= plan.exchange_every:
             self._send_own()
-        self._record(t0, max(target, self.real_compute_s) if c.emulate else self.real_compute_s, sync, comm,
-                     float(loss.detach()), int(ring_allreduce_bytes(nbytes, n)))
+        compute = max(target, real) if c.emulate else real
+        self._observed = (compute, batch)
+        self._record(t0, compute, sync, comm, float(loss.detach()), int(ring_allreduce_bytes(nbytes, n)),
+                     batch if self.balancer else None)
         if not agree:
             return True
         if overlapped:
             agreed.wait()
         else:
             control, _ = self._agreement(False)
-        self._act_on_agreement(int(control[1].item()), [int(v) for v in control[2:].tolist()])
+        held = len(plan.members) * 2 if self.balancer else 0  # the observations close the vector
+        values = control[2:].tolist()
+        self._act_on_agreement(int(control[1].item()), [int(v) for v in values[:len(values) - held]])
+        if self.balancer:
+            self._rebalance(values[len(values) - held:])
         return control[0].item() == 0.0
 
     def _agreement(self, overlapped: bool) -> tuple[torch.Tensor, Any]:
@@ -347,9 +370,35 @@ class CollectiveWorker(GroupExchange):
 
         with self.inbox_lock:
             held = self.inbox.available()
-        control = torch.tensor([-1.0 if self._stopping else 0.0, float(max(self._settings)), *held],
-                               dtype=torch.float64)
+        control = torch.tensor([-1.0 if self._stopping else 0.0, float(max(self._settings)), *held,
+                                *self._observation()], dtype=torch.float64)
         return control, dist.all_reduce(control, op=dist.ReduceOp.MIN, group=self.control, async_op=overlapped)
+
+    def _observation(self) -> list[float]:
+        """sync.balance: this rank's last (compute seconds, samples) in its own two slots and infinity in every
+        other rank's, so that the group's MIN hands every rank every member's observation (empty unbalanced)."""
+        if not self.balancer:
+            return []
+        assert self.plan is not None
+        slots = [math.inf] * (2 * len(self.plan.members))
+        if self._observed is not None:
+            slots[2 * self.plan.rank: 2 * self.plan.rank + 2] = [float(v) for v in self._observed]
+        return slots
+
+    def _rebalance(self, observed: list[float]) -> None:
+        """Feed every member's agreed observation to this rank's balancer, in rank order, then let it resize the
+        group: each rank holds the same balancer fed the same numbers, so all take the same sizes from the next
+        iteration on, with no server to plan them. The first rank records the sizes when they change."""
+        assert self.balancer is not None and self.plan is not None
+        members = self.plan.members
+        for member, (compute_s, samples) in zip(members, zip(observed[0::2], observed[1::2])):
+            if math.isfinite(compute_s):
+                self.balancer.observe(member, compute_s, int(samples))
+        if self.balancer.rebalance(members) and self.plan.rank == 0:
+            with self.lock:
+                self._records.append({"event": "balance", "t": round(time.time() - self._t0, 6),
+                                      "group": self.plan.index,
+                                      "sizes": {str(m): self.balancer.size(m) for m in members}})
 
     def _act_on_agreement(self, settings: int, deltas: list[int]) -> None:
         """What every member of the group holds by now: the settings of that version, and those peer deltas."""
@@ -392,14 +441,15 @@ class CollectiveWorker(GroupExchange):
                     if buffer is not None:
                         buffer.mul_(ratio)
 
-    def _record(self, t0: float, compute: float, sync: float, comm: float, loss: float, sent: int) -> None:
-        """One iteration record, in the fields the server path's workers send."""
+    def _record(self, t0: float, compute: float, sync: float, comm: float, loss: float, sent: int,
+                batch: int | None = None) -> None:
+        """One iteration record, in the fields the server path's workers send (``batch``: balanced)."""
         assert self.plan is not None
         record = {
             "t": round(time.time() - t0, 6), "worker": self.w, "server": self.plan.index, "clock": self.iterations,
             "staleness": 0, "compute_s": round(compute, 6), "compute_real_s": round(self.real_compute_s, 6),
             "wait_s": round(sync - comm, 6), "comm_s": round(comm, 6), "pull_s": 0.0, "loss": round(loss, 6),
-            "bytes_up": sent, "bytes_down": sent,
+            "bytes_up": sent, "bytes_down": sent, **({"batch": batch} if batch is not None else {}),
         }
         with self.lock:
             self._records.append(record)

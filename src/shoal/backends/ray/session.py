@@ -117,9 +117,6 @@ def validate(cfg: Config) -> None:
                               f"({torch.__version__}) sees no CUDA device; use 0, or a CUDA build on a GPU machine")
     if cfg.sync.balance in ("steps", "deadline"):
         raise ConfigError(f"sync.balance: {cfg.sync.balance!r} runs on sim only so far; use \"batch\" on ray")
-    if cfg.sync.balance != "none" and cfg.sync.intra_group == "allreduce":
-        raise ConfigError("sync.balance: on ray, batch sizes are planned by the (group) server; all-reduce groups "
-                          "run balanced on sim only so far: use sync.intra_group = \"server\"")
     if cfg.sync.intra_group == "allreduce" and cfg.backend.max_restarts > 0:
         raise ConfigError("backend.max_restarts: a restarted worker cannot rejoin an all-reduce group yet; "
                           "use 0 (a failed worker then ends the run)")
