@@ -104,7 +104,7 @@ def study_lines(script: str, record: dict[str, Any]) -> list[str]:
              "|---|---|---:|---|---:|" + ("---:|---:|" if with_bytes else "") + "---:|---|"]
     for row in rows:
         iv = (row.get("time_to_target_interval") or {}).get("ci95")
-        cells = [f"`{row['scheme']}`", evidence._point(row.get("tuned")), _seconds(row["time_to_target_s"]),
+        cells = [f"`{row['scheme']}`", kept_point(row, compare.get("grids", {})), _seconds(row["time_to_target_s"]),
                  "-" if not iv else f"{_seconds(iv[0])}..{_seconds(iv[1])}",
                  f"{row.get('reached', 0)}/{len(row.get('seeds', []))}"]
         if with_bytes:
@@ -117,6 +117,9 @@ def study_lines(script: str, record: dict[str, Any]) -> list[str]:
     if front.exists():
         lines += ["", f"![{script} {name}: bytes against time to target, every seed and the medians]"
                       f"(benchmarks/results/{front.name})"]
+    if any(at_edge(row, compare.get("grids", {})) for row in rows):
+        lines += ["", "*edge*: the kept value is the smallest or largest of the scheme's grid (3 points, as every "
+                      "scheme's): its best may lie beyond, so the row may be under-tuned."]
     answers = record.get("answers")
     if answers:
         lines.append("")
@@ -124,6 +127,25 @@ def study_lines(script: str, record: dict[str, Any]) -> list[str]:
     while lines[-1] == "":
         lines.pop()
     return lines
+
+
+def kept_point(row: dict[str, Any], grids: dict[str, Any]) -> str:
+    """The tuned values the row kept, each marked *edge* when it is the end of its grid."""
+    grid = grids.get(row["scheme"], {})
+    said = []
+    for key, value in (row.get("tuned") or {}).items():
+        edge = _edge(value, grid.get(key))
+        said.append(f"{key.rsplit('.', 1)[-1]}={value}" + (" *edge*" if edge else ""))
+    return ", ".join(said) or "-"
+
+
+def at_edge(row: dict[str, Any], grids: dict[str, Any]) -> bool:
+    grid = grids.get(row["scheme"], {})
+    return any(_edge(value, grid.get(key)) for key, value in (row.get("tuned") or {}).items())
+
+
+def _edge(value: Any, grid: list[Any] | None) -> bool:
+    return bool(grid) and len(grid) > 1 and value in (min(grid), max(grid))
 
 
 def protocol(compare: dict[str, Any]) -> str:

@@ -246,6 +246,9 @@ def test_headline_writes_between_the_markers_and_check_sees_a_changed_number(tmp
     assert "| `bsp+balance` | - | 25.1 | 23.9..26.4 | 10/10 | 0.00013 | **wins**, 1.57x |" in text
     assert "| `asp` | - | 39.3 | 38.2..39.3 | 10/10 | - | best baseline |" in text
     assert "| `bsp` | - | 81.8 | 77.7..85.9 | 10/10 | 0.00013 | loses, 0.48x |" in text
+    # kept values at the end of their grid are marked: the row may be under-tuned
+    assert "| `gssp` | group_threshold=0.85 *edge* | 37.6 |" in text and "| `ssp` | staleness=3 | 125.7 |" in text
+    assert "*edge*: the kept value is the smallest or largest of the scheme's grid" in text
     assert "**Balanced BSP against plain BSP**: bsp+balance vs bsp: speed-up of medians 3.25x" in text
     record = json.loads((results / "balance-lm-tiers.json").read_text())
     record["compare"]["rows"][0]["time_to_target_s"] += 1.0
