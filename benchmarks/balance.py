@@ -91,7 +91,8 @@ def answers_of(result: dict[str, Any], tiered: bool = False) -> dict[str, Any]:
     if any(row["scheme"] == ASYNC_DILOCO for row in result["rows"]):  # HeLoCo's claim: +22% under heterogeneity
         answers["async_vs_diloco"] = pairwise(result, ASYNC_DILOCO, "diloco")
     if tiered:
-        answers["issue_target"] = issue_target(answers["balanced_vs_bsp"], higher_is_better=result["metric"] == "accuracy")
+        higher_is_better = result["metric"] == "accuracy"
+        answers["issue_target"] = issue_target(answers["balanced_vs_bsp"], higher_is_better)
     return answers
 
 

@@ -203,7 +203,8 @@ def _metric_at(run_dir: Path, t: float) -> float | None:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     except OSError:
         return None
-    evals = [e for e in (json.loads(line) for line in lines if '"eval"' in line) if e["event"] == "eval" and e["t"] <= t]
+    events = (json.loads(line) for line in lines if '"eval"' in line)
+    evals = [e for e in events if e["event"] == "eval" and e["t"] <= t]
     return None if not evals else evals[-1].get("value", evals[-1].get("accuracy"))
 
 
@@ -259,7 +260,8 @@ def answer_lines(answers: dict[str, Any]) -> list[str]:
     lines += ["", f"**Peak upload**: Streaming DiLoCo's is {peak['ratio']} of DiLoCo's{with_whole}."]
     if "fp4_at_target" in answers:
         quality = answers["fp4_at_target"]
-        against_float32 = f"{_change(quality['vs_base'])} from float32's at that time and " if "vs_base" in quality else ""
+        against_float32 = "" if "vs_base" not in quality else \
+            f"{_change(quality['vs_base'])} from float32's at that time and "
         lines += ["", f"**fp4 at the target**: when float32 Streaming DiLoCo reached the target, fp4's metric was "
                       f"{against_float32}{_change(quality)} from the target (medians over seeds)."]
     return lines
