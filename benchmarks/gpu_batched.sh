@@ -3,8 +3,9 @@
 #   1. install the wheels carried in wheels/ (pydantic, simpy, jenkspy, highspy, mlxtend, ...: `pip download`
 #      them here first) without dependencies, and shoal itself from the working tree;
 #   2. the batched simulator's tests on that torch version (equivalence on the CPU, schemes, fallback);
-#   3. seconds per simulated round, loop against batched, on CUDA (backend.device auto), results into $OUT.
-# Usage on the device: bash benchmarks/gpu_batched.sh   (needs $OUT; about 6 minutes)
+#   3. seconds per simulated round, loop against batched, on CUDA (backend.device auto), results into $OUT;
+#   4. the same for balanced BSP (unequal batches padded into one call), 64 workers.
+# Usage on the device: bash benchmarks/gpu_batched.sh   (needs $OUT; about 8 minutes)
 set -euo pipefail
 python -m pip install -q --no-deps --no-index wheels/*.whl 2>&1 | tail -2 || true
 python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2 || true
@@ -12,3 +13,7 @@ python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is
 timeout 150 python -m pytest -q -p no:cacheprovider tests/test_batched.py 2>&1 | tail -5 || true
 PYTHONPATH=src timeout 330 python benchmarks/sim_speed.py --batched --workers 16,64 --rounds 3 --repeats 1
 cp benchmarks/results/sim_speed_batched-cuda.* "${OUT:-/tmp}/" 2>/dev/null || true
+# balanced BSP: every worker's batch its own size, padded into shared calls (a round in one call per 64)
+PYTHONPATH=src timeout 90 python benchmarks/sim_speed.py --batched --workers 64 --rounds 2 --repeats 1 \
+  --schemes bsp+balance --tag balance || true
+cp benchmarks/results/sim_speed_batched-cuda-balance.* "${OUT:-/tmp}/" 2>/dev/null || true

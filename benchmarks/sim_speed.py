@@ -3,7 +3,8 @@ wall seconds per simulated round with gradients computed in a loop against batch
 
 Usage: .venv/bin/python benchmarks/sim_speed.py [--quick]
        .venv/bin/python benchmarks/sim_speed.py --batched [--workers 4,16,64] [--rounds 4] [--repeats 2]
-Writes benchmarks/results/sim_speed.{json,md}; --batched writes sim_speed_batched-DEVICE.{json,md}
+           [--schemes bsp,asp,bsp+balance] [--tag NAME]
+Writes benchmarks/results/sim_speed.{json,md}; --batched writes sim_speed_batched-DEVICE[-TAG].{json,md}
 (DEVICE: cpu, or cuda where torch sees a GPU).
 
 The batched comparison runs the workloads' own configs (LeNet on MNIST, the
@@ -70,10 +71,17 @@ def cases(quick: bool) -> list[tuple[str, list[str]]]:
 WORKLOADS = {"lenet5": "mnist_bsp.toml", "resnet18-bn": "shapes_bn.toml", "transformer": "stdlib_lm.toml"}
 
 
+#: the schemes --batched can time: the scheme and what it sets (balanced BSP: every worker's batch its own size,
+#: from lognormal speeds, which the batched path pads into shared calls)
+SCHEMES = {"bsp": ["sync.scheme=bsp"], "asp": ["sync.scheme=asp"],
+           "bsp+balance": ["sync.scheme=bsp", "sync.balance=batch", "cluster.profile=lognormal",
+                           "cluster.lognormal_sigma=1.0", "balance.profile_iterations=1"]}
+
+
 def round_seconds(config: str, scheme: str, workers: int, rounds: int, batched: bool) -> tuple[float, dict]:
     """Wall seconds per simulated round (``workers`` iterations) of ``rounds`` rounds, and the run's batching."""
     cfg = load_config(ROOT / "examples" / config, [
-        f"sync.scheme={scheme}", f"cluster.workers={workers}", f"run.max_iterations={workers * (rounds + 1)}",
+        *SCHEMES[scheme], f"cluster.workers={workers}", f"run.max_iterations={workers * (rounds + 1)}",
         "run.max_time_s=1e9", "run.stop_at_target=false", "run.eval_every_s=1e9", "run.eval_every_iterations=0",
         "cluster.compute_s=0.05", f"backend.batched={str(batched).lower()}", "backend.log_iterations=false"])
     stamps: list[float] = []
@@ -92,7 +100,7 @@ def batched_main(args: argparse.Namespace) -> None:
     rows = []
     for name, config in WORKLOADS.items():
         for workers in args.workers:
-            for scheme in ("bsp", "asp"):
+            for scheme in args.schemes:
                 loop, batched, batching = [], [], {}
                 for _ in range(args.repeats):
                     loop.append(round_seconds(config, scheme, workers, args.rounds, False)[0])
@@ -115,8 +123,9 @@ def batched_main(args: argparse.Namespace) -> None:
     lines += [f"| {r['workload']} | {r['workers']} | {r['scheme']} | {r['loop_s']:.4f} | {r['batched_s']:.4f} | "
               f"{r['speedup']:.2f}x | {r['batching'].get('largest_call', '-')} |" for r in rows]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"sim_speed_batched-{device}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    (RESULTS / f"sim_speed_batched-{device}.md").write_text("\n".join(lines) + "\n")
+    name = f"sim_speed_batched-{device}{'-' + args.tag if args.tag else ''}"
+    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
@@ -127,6 +136,9 @@ def main() -> None:
     parser.add_argument("--workers", type=lambda v: [int(w) for w in v.split(",")], default=[4, 16, 64])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--schemes", type=lambda v: v.split(","), default=["bsp", "asp"],
+                        help=f"--batched: which of {', '.join(SCHEMES)}")
+    parser.add_argument("--tag", default="", help="--batched: a suffix of the results file's name")
     args = parser.parse_args()
     if args.batched:
         batched_main(args)
