@@ -93,18 +93,35 @@ def study_lines(script: str, record: dict[str, Any]) -> list[str]:
     compare, name = record["compare"], record["study"]
     rows = sorted(compare["rows"], key=lambda r: (r["time_to_target_s"] is None, r["time_to_target_s"] or 0.0))
     best = next((r for r in rows if r["scheme"] == r.get("versus")), None)
-    with_bytes = script == "lowcomm"
-    bsp_bytes = next((r.get("bytes_to_target") for r in rows if r["scheme"] == "bsp"), None)
     lines = [f"**{record['title'][:1].upper() + record['title'][1:]}** (`benchmarks/{script}.py {name}`, "
              f"[results](benchmarks/results/{script}-{name}.md), code {record['git_commit'][:7]}): "
              f"{protocol(compare)}; p: two-sided Mann-Whitney U against the best baseline"
-             f"{'' if best is None else ', ' + best['scheme']}.", "",
-             "| scheme | kept point | median time to target (s) | 95% interval | reached |"
+             f"{'' if best is None else ', ' + best['scheme']}.", ""]
+    lines += table_lines(rows, compare.get("grids", {}), best, with_bytes=script == "lowcomm")
+    front = RESULTS / f"{script}-{name}-pareto.png"  # lowcomm.py draws the bytes-against-time plane beside its file
+    if front.exists():
+        lines += ["", f"![{script} {name}: bytes against time to target, every seed and the medians]"
+                      f"(benchmarks/results/{front.name})"]
+    if any(at_edge(row, compare.get("grids", {})) for row in rows):
+        lines += ["", "*edge*: the kept value is the smallest or largest of the scheme's grid (every scheme's grid "
+                      "has as many points): its best may lie beyond, so the row may be under-tuned."]
+    if answers := record.get("answers"):
+        lines += [""] + (lowcomm.answer_lines(answers) if script == "lowcomm" else balance.answer_lines(answers))
+    while lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def table_lines(rows: list[dict[str, Any]], grids: dict[str, Any], best: dict[str, Any] | None,
+                with_bytes: bool) -> list[str]:
+    """The rows as a markdown table; ``with_bytes`` adds bytes to target and how many times fewer than BSP's."""
+    bsp_bytes = next((r.get("bytes_to_target") for r in rows if r["scheme"] == "bsp"), None)
+    lines = ["| scheme | kept point | median time to target (s) | 95% interval | reached |"
              + (" bytes to target | fewer bytes than BSP |" if with_bytes else "") + " p | verdict |",
              "|---|---|---:|---|---:|" + ("---:|---:|" if with_bytes else "") + "---:|---|"]
     for row in rows:
         iv = (row.get("time_to_target_interval") or {}).get("ci95")
-        cells = [f"`{row['scheme']}`", kept_point(row, compare.get("grids", {})), _seconds(row["time_to_target_s"]),
+        cells = [f"`{row['scheme']}`", kept_point(row, grids), _seconds(row["time_to_target_s"]),
                  "-" if not iv else f"{_seconds(iv[0])}..{_seconds(iv[1])}",
                  f"{row.get('reached', 0)}/{len(row.get('seeds', []))}"]
         if with_bytes:
@@ -113,19 +130,6 @@ def study_lines(script: str, record: dict[str, Any]) -> list[str]:
         p = row.get("p_value")
         cells += ["-" if p is None else f"{p:.2g}", verdict(row, best)]
         lines.append("| " + " | ".join(cells) + " |")
-    front = RESULTS / f"{script}-{name}-pareto.png"  # lowcomm.py draws the bytes-against-time plane beside its file
-    if front.exists():
-        lines += ["", f"![{script} {name}: bytes against time to target, every seed and the medians]"
-                      f"(benchmarks/results/{front.name})"]
-    if any(at_edge(row, compare.get("grids", {})) for row in rows):
-        lines += ["", "*edge*: the kept value is the smallest or largest of the scheme's grid (3 points, as every "
-                      "scheme's): its best may lie beyond, so the row may be under-tuned."]
-    answers = record.get("answers")
-    if answers:
-        lines.append("")
-        lines += (lowcomm.answer_lines(answers) if with_bytes else balance.answer_lines(answers))
-    while lines[-1] == "":
-        lines.pop()
     return lines
 
 
