@@ -131,11 +131,13 @@ def pairwise(result: dict[str, Any], mine: str, base: str) -> dict[str, Any]:
 
 def markdown(name: str, study: dict[str, Any], result: dict[str, Any], answers: dict[str, Any]) -> str:
     lines = [evidence_markdown(name, study, result).replace("# Evidence:", "# Work sized to speed:", 1), ""]
-    return "\n".join(lines + answer_lines(answers))
+    return "\n".join(lines + answer_lines(answers, result["metric"]))
 
 
-def answer_lines(answers: dict[str, Any]) -> list[str]:
-    """The study's answers in words, each followed by a blank line (the results file's and the README's)."""
+def answer_lines(answers: dict[str, Any], metric: str = "accuracy") -> list[str]:
+    """The study's answers in words, each followed by a blank line (the results file's and the README's);
+    ``metric``: what the final quality is measured in."""
+    quality_of = f"final {metric} ({'higher' if metric == 'accuracy' else 'lower'} is better)"
     lines: list[str] = []
     for key, title in (("balanced_vs_bsp", "Balanced BSP against plain BSP"),
                        ("best_remedy_vs_asp", "Shoal's best heterogeneity scheme against tuned ASP"),
@@ -150,7 +152,7 @@ def answer_lines(answers: dict[str, Any]) -> list[str]:
         quality = "-" if change is None else f"{100 * change:+.2f}%"
         mine, base = a["final"][a["mine"]], a["final"][a["base"]]
         lines += [f"**{title}**: {a['mine']} vs {a['base']}: speed-up of medians {speedup}{interval}, "
-                  f"Mann-Whitney p = {p_text}; final quality {quality} ({_g(mine)} vs {_g(base)}).", ""]
+                  f"Mann-Whitney p = {p_text}; {quality_of} {quality} ({_g(mine)} vs {_g(base)}).", ""]
     if "issue_target" in answers:
         target = answers["issue_target"]
         lines += [f"**Issue 39, {target['target']}**: {'met' if target['met'] else '**not met**'}.", ""]

@@ -106,7 +106,8 @@ def study_lines(script: str, record: dict[str, Any]) -> list[str]:
         lines += ["", "*edge*: the kept value is the smallest or largest of the scheme's grid (every scheme's grid "
                       "has as many points): its best may lie beyond, so the row may be under-tuned."]
     if answers := record.get("answers"):
-        lines += [""] + (lowcomm.answer_lines(answers) if script == "lowcomm" else balance.answer_lines(answers))
+        lines += [""] + (lowcomm.answer_lines(answers) if script == "lowcomm"
+                         else balance.answer_lines(answers, compare["metric"]))
     while lines[-1] == "":
         lines.pop()
     return lines

@@ -227,8 +227,8 @@ def answer_lines(answers: dict[str, Any]) -> list[str]:
     """The study's answers in words, one paragraph each (the results file's and the README's)."""
     s, f = answers["streaming_bytes_vs_bsp"], answers.get("fp4_bytes_vs_bsp")
     with_fp4 = f", with fp4 {_fewer(f)}" if f else ""
-    lines = [f"**Bytes to target against BSP**: Streaming DiLoCo {_fewer(s)}{with_fp4} "
-             "(ratio of medians, bootstrap 95% interval, Mann-Whitney p of the per-seed bytes)."]
+    lines = [f"**Bytes to target against BSP** (ratio of medians; where given, its bootstrap 95% interval and the "
+             f"Mann-Whitney p of the per-seed bytes): Streaming DiLoCo {_fewer(s)}{with_fp4}."]
     for key, title in (("streaming_vs_diloco", "Streaming DiLoCo against tuned DiLoCo"),
                        ("post_local_vs_localsgd", "Post-local SGD against fixed-H local SGD"),
                        ("adacomm_vs_localsgd", "AdaComm against fixed-H local SGD"),
@@ -290,11 +290,16 @@ def _bytes(value: float | None) -> str:
 
 
 def _fewer(ratio: dict[str, Any]) -> str:
-    """``bytes_ratio``'s answer in words: "20.0x fewer (interval 18.1x..21.9x, p = 0.00016)"."""
-    ci, p = ratio.get("ci95"), ratio.get("p_value")
+    """``bytes_ratio``'s answer in words: "20.00x fewer (interval 18.10x..21.90x, p = 0.00016)", or "16.50x more"
+    where the scheme moved more bytes (the ratio and its interval turned over)."""
+    value, ci, p = ratio["fewer_x"], ratio.get("ci95"), ratio.get("p_value")
+    word = "fewer"
+    if value is not None and 0 < value < 1:
+        value, word = 1 / value, "more"
+        ci = None if not ci else [None if v in (None, 0) else 1 / v for v in reversed(ci)]
     interval = f"interval {_x(ci[0])}..{_x(ci[1])}, " if ci else ""
     said = f"{interval}p = {p:.2g}" if p is not None else interval.removesuffix(", ")
-    return f"{_x(ratio['fewer_x'])} fewer" + (f" ({said})" if said else "")
+    return f"{_x(value)} {word}" + (f" ({said})" if said else "")
 
 
 def _x(value: float | None) -> str:

@@ -83,6 +83,10 @@ def test_a_byte_ratio_carries_its_interval_and_p_value():
                             [s["bytes_to_target"] for s in base["seeds"]], alternative="two-sided").pvalue
     assert ratio["p_value"] == pytest.approx(expected, rel=1e-2)
     assert "10.00x fewer (interval" in lowcomm._fewer(ratio)
+    more = lowcomm.bytes_ratio(base, mine)  # the other way round: more bytes, said as such, the interval turned over
+    assert more["fewer_x"] == 0.1 and lowcomm._fewer(more).startswith("10.00x more (interval ")
+    low, high = (float(v.rstrip("x")) for v in lowcomm._fewer(more).split("interval ")[1].split(",")[0].split(".."))
+    assert 9.0 < low <= 10.0 <= high < 11.0
     never = lowcomm.bytes_ratio({"bytes_to_target": None, "seeds": [{"bytes_to_target": None}] * 10}, base)
     tied = mannwhitneyu([1e9] * 10, [s["bytes_to_target"] for s in base["seeds"]], alternative="two-sided").pvalue
     assert never["fewer_x"] is None and never["p_value"] == pytest.approx(tied, rel=1e-2)  # unreached: the most
