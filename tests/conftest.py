@@ -20,8 +20,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in RAY_FILES:
             item.add_marker(pytest.mark.ray)
-    # the tests that end the actors kept between runs (ActorPool) go last: every test before them reuses them
-    items.sort(key=lambda item: item.get_closest_marker("ends_kept_actors") is not None)
+    # the tests that end the actors kept between runs (ActorPool) go last: every test before them reuses them;
+    # slow tests go first, so that the suite's workers (pytest -n) do not end on one long test while the other idles
+    items.sort(key=lambda item: (item.get_closest_marker("ends_kept_actors") is not None,
+                                 item.get_closest_marker("slow") is None))
 
 FAST = [
     "data.name=digits",
