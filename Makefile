@@ -29,7 +29,7 @@ test: $(STAMP) browser
 	$(BIN)/python -m pytest -q -n auto -m "not ray"
 	$(BIN)/python -m pytest -q -m ray
 
-# The edit loop (about 4 minutes on 2 cores): everything but the slow end-to-end runs and the Ray tests.
+# The edit loop (about 3 minutes on 2 cores): everything but the slow end-to-end runs and the Ray tests.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto -m "not slow and not ray"
 

@@ -244,6 +244,7 @@ def test_shoal_train_records_each_workers_batch(tmp_path):
     assert batches[0] > batches[3] and sum(batches.values()) == 4 * 32
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_compare_takes_balance_as_a_modifier_and_the_report_draws_each_workers_batch(tmp_path):
     out = tmp_path / "cmp"

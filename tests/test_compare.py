@@ -262,6 +262,7 @@ def test_report_on_a_bad_folder_is_one_line_and_exit_2(tmp_path, damage, message
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_parallel_jobs_give_the_same_rows_and_resume_runs_only_what_is_missing(tmp_path):
     args = ["compare", *_sets("run.max_time_s=1.0"), "--schemes", "bsp,asp", "--seeds", "2", "-q"]
     one = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "one")])

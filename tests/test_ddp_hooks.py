@@ -124,6 +124,7 @@ def test_ddp_with_topk_hooks_trains_as_well_as_without_sending_a_tenth(tmp_path)
     assert hooked[0]["round_trip"] and hooked[1]["round_trip"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_the_documented_example_runs(tmp_path):
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "WORLD_SIZE": "2"}

@@ -25,6 +25,7 @@ def wait_for(path: Path, timeout: float) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_ctrl_c_stops_the_whole_comparison_keeps_what_finished_and_exits_130(tmp_path, jobs):

@@ -44,6 +44,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one_bit_for_bit(tmp_path, method
     assert any(e["event"] == "iteration" for e in after) and any(e["event"] == "eval" for e in after)
 
 
+@pytest.mark.slow
 def test_resume_from_the_cli_and_what_it_refuses(tmp_path):
     sets = [a for o in BASE + ["compression.method=topk", "run.max_time_s=1"] for a in ("--set", o)]
     shoal = [sys.executable, "-m", "shoal", "train", "-q"]

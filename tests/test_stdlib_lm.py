@@ -164,6 +164,7 @@ def test_the_example_config_trains_through_the_cli_and_its_loss_falls(tmp_path, 
     assert len(held) == 4 and disjoint == (partition == "by_source")
 
 
+@pytest.mark.slow
 def test_a_comparison_on_the_language_model_reports_bits_per_byte(tmp_path):
     sets = [arg for s in LM_SMALL[:3] + ["run.max_iterations=64", "run.eval_every_iterations=16", "run.target=7.0"]
             for arg in ("--set", s)]
