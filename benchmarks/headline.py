@@ -135,22 +135,20 @@ def table_lines(rows: list[dict[str, Any]], grids: dict[str, Any], best: dict[st
 
 
 def kept_point(row: dict[str, Any], grids: dict[str, Any]) -> str:
-    """The tuned values the row kept, each marked *edge* when it is the end of its grid."""
-    grid = grids.get(row["scheme"], {})
-    said = []
-    for key, value in (row.get("tuned") or {}).items():
-        edge = _edge(value, grid.get(key))
-        said.append(f"{key.rsplit('.', 1)[-1]}={value}" + (" *edge*" if edge else ""))
-    return ", ".join(said) or "-"
+    """The tuned values the row kept, each marked *edge* when it is an end of its grid (compare's warning)."""
+    edges = {key for key, _, _ in _edges(row, grids)}
+    return ", ".join(f"{key.rsplit('.', 1)[-1]}={value}" + (" *edge*" if key in edges else "")
+                     for key, value in (row.get("tuned") or {}).items()) or "-"
 
 
 def at_edge(row: dict[str, Any], grids: dict[str, Any]) -> bool:
-    grid = grids.get(row["scheme"], {})
-    return any(_edge(value, grid.get(key)) for key, value in (row.get("tuned") or {}).items())
+    return bool(_edges(row, grids))
 
 
-def _edge(value: Any, grid: list[Any] | None) -> bool:
-    return bool(grid) and len(grid) > 1 and value in (min(grid), max(grid))
+def _edges(row: dict[str, Any], grids: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    from shoal.report.tuning import grid_edges
+
+    return grid_edges(grids.get(row["scheme"], {}), row.get("tuned") or {})
 
 
 def protocol(compare: dict[str, Any]) -> str:

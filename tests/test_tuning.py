@@ -148,9 +148,11 @@ def test_compare_warns_when_a_scheme_kept_the_edge_of_its_grid(tuned):
     at_edge = local["tuned"]["sync.localsgd.local_steps"] in (2, 32)
     warned = [w for w in data["warnings"] if w.startswith("tuning:")]
     assert len(warned) == at_edge  # the lr grids have two values: never named
+    page = (out / "report.html").read_text()
+    assert page.count(">(edge)</span>") == at_edge  # the row is marked in the table too
     if at_edge:
         assert warned[0].startswith("tuning: localsgd@optimizer.lr=0.2 kept sync.localsgd.local_steps = ")
-        assert "value of its grid [2, 8, 32]: its best may lie beyond" in (out / "report.html").read_text()
+        assert "value of its grid [2, 8, 32]: its best may lie beyond" in page
 
 
 def test_the_report_shows_the_tuned_values_and_the_grid(tuned):

@@ -19,6 +19,7 @@ from shoal.report import pareto, plots, worker_plots
 from shoal.report.page import template
 from shoal.report.routing import draw_plan, routing_data
 from shoal.report.runs import RunData, iterations_in, load_run, timeline_window
+from shoal.report.tuning import grid_edges
 from shoal.report.units import fmt_seconds, human_bytes
 
 MAX_GROUP_EVENTS = 25
@@ -220,7 +221,8 @@ def _table_section(out: Path, compare: dict[str, Any], rows: list[dict[str, Any]
             "seeds": compare.get("seeds", 1), "patience": _patience(out, rows),
             "unreached": any(r.get("time_to_target_s") is None for r in rows),
             "bound": bsp_missed and any(r.get("time_to_target_s") for r in rows),
-            "rows": [_table_row(r, run, best, metric, limit if bsp_missed else None) for r, run in zip(rows, runs)],
+            "rows": [_table_row(r, run, best, metric, limit if bsp_missed else None, compare.get("grids"))
+                     for r, run in zip(rows, runs)],
             "split": _img(split, "share of worker time computing, communicating, waiting"), "seed_times": seeds,
             "versus": next((r["versus"] for r in rows if r.get("versus")), None),
             "eval_seeds": compare.get("eval_seeds"), "tuning_seeds": compare.get("tuning_seeds"),
@@ -239,14 +241,15 @@ def _patience(out: Path, rows: list[dict[str, Any]]) -> int | None:
 
 
 def _table_row(row: dict[str, Any], run: RunData, best: float | None, metric: str = "accuracy",
-               bsp_budget: float | None = None) -> dict[str, Any]:
+               bsp_budget: float | None = None, grids: dict[str, Any] | None = None) -> dict[str, Any]:
     """One scheme's cells, formatted. ``bsp_budget``: BSP missed the target within this time budget, so a scheme
     that reached it is at least budget / its time faster (a lower bound, "> 7.1x")."""
-    ttt, seeds = row.get("time_to_target_s"), row.get("seeds")
+    ttt, seeds, grids = row.get("time_to_target_s"), row.get("seeds"), grids or {}
     per_seed = None if not seeds else ", ".join(
         "–" if s.get("time_to_target_s") is None else f"{s['time_to_target_s']:.3g}" for s in seeds)
     return {
         "scheme": row["scheme"], "tuned": _point(row.get("tuned") or {}) or "pinned",
+        "edge": bool(grid_edges(grids.get(row["scheme"], {}), row.get("tuned") or {})),
         "best": ttt is not None and ttt == best, "time": "not reached" if ttt is None else fmt_seconds(ttt),
         "time_spread": _range(row.get("time_to_target_interval"), fmt_seconds), "per_seed": per_seed,
         "reached": row.get("reached", 0), "n_seeds": len(seeds or []),
