@@ -33,11 +33,16 @@ if [[ "${1:-}" == "--list" ]]; then
   printf '%s\n' "${STUDIES[@]}"
   exit 0
 fi
-if [[ "${1:-}" == "--status" ]]; then  # how far each queued study is: its script's --list line
+if [[ "${1:-}" == "--status" ]]; then  # how far each queued study is: its script's --list line, then a total
   for study in "${STUDIES[@]}"; do
     read -r script name <<< "$study"
     PYTHONPATH=src "$PYTHON" "benchmarks/$script" --list | grep "^$name: " || echo "$name: (no progress line)"
-  done
+  done | awk '  # each line, then the hours left, counted once per runs folder (studies that share runs share it)
+    { print }
+    match($0, /in runs\/evidence\/[^;]+/) { folder = substr($0, RSTART, RLENGTH) }
+    match($0, /about [0-9.]+ h left/) { h = substr($0, RSTART + 6, RLENGTH - 13); if (h > left[folder]) left[folder] = h }
+    END { for (f in left) total += left[f]
+          printf "queue: at least %.1f h left at two runs at a time (a study with no finished run is not counted)\n", total }'
   exit 0
 fi
 PYTHONPATH=src "$PYTHON" benchmarks/run_archive.py restore
