@@ -341,6 +341,40 @@ def test_balanced_batches_on_ray_follow_each_workers_emulated_speed(ray_session,
     assert resized and sum(resized[-1]["sizes"].values()) == 3 * 32
 
 
+def test_all_reduce_ranks_agree_on_balanced_sizes_through_the_min_of_their_observations():
+    """Each rank puts its own (compute seconds, samples) in its slots and infinity elsewhere; the group's MIN all-reduce
+    (here: an elementwise min) hands every rank every observation, and the same balancer fed the same numbers gives
+    every rank the same sizes: the slow rank (4x the seconds per sample) gets a quarter of a fast one's batch."""
+    import threading
+
+    from shoal.backends.group_exchange import StepScale
+    from shoal.backends.ray.collective import CollectiveWorker, GroupPlan
+    from shoal.sync.balance import WorkBalancer
+
+    members = (0, 1, 2)
+    ranks = []
+    for rank, worker in enumerate(members):
+        r = CollectiveWorker.__new__(CollectiveWorker)  # the agreement logic alone, no process group
+        r.w, r._records, r._t0 = worker, [], 0.0
+        r.lock = threading.Lock()
+        r.balancer = WorkBalancer(3, 32, warmup=2)
+        r.plan = GroupPlan(index=0, rank=rank, members=members, groups=1, scale=StepScale(3, 3, 0.9), lr=0.1,
+                           epoch=0)
+        ranks.append(r)
+    for _ in range(3):  # three agreements, each after an iteration of 32 samples
+        for r, seconds in zip(ranks, (0.032, 0.032, 0.128)):
+            r._observed = (seconds, 32)
+        vectors = [r._observation() for r in ranks]
+        assert vectors[2][:4] == [math.inf] * 4 and vectors[2][4:] == [0.128, 32.0]
+        agreed = [min(column) for column in zip(*vectors)]
+        for r in ranks:
+            r._rebalance(agreed)
+    sizes = [[r.balancer.size(w) for w in members] for r in ranks]
+    # 96 samples in proportion 4 : 4 : 1 (42.7, 42.7, 10.7: the two left over go by remainder, then worker order)
+    assert sizes[0] == sizes[1] == sizes[2] == [43, 42, 11], sizes
+    assert [e["sizes"] for e in ranks[0]._records] == [{"0": 43, "1": 42, "2": 11}] and not ranks[1]._records
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["sync.balance=deadline"], "sync.balance: 'deadline' runs on sim only"),
     (["sync.scheme=localsgd", "sync.balance=steps"], "sync.balance: 'steps' runs on sim only"),
