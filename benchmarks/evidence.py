@@ -103,8 +103,8 @@ def time_left(walls: list[float], planned: int, jobs: int) -> str:
     left = planned - len(walls)
     if not left or not walls:
         return ""
-    hours = left * statistics.median(walls) / max(jobs, 1) / 3600
-    return f"; about {hours:.1f} h left at --jobs {jobs} (median run {statistics.median(walls) / 60:.0f} min)"
+    median = statistics.median(walls)
+    return f"; about {left * median / max(jobs, 1) / 3600:.1f} h left at --jobs {jobs} (median run {median / 60:.0f} min)"
 
 
 def compare_study(study: dict[str, Any], args: argparse.Namespace) -> tuple[dict[str, Any], Path]:

@@ -137,8 +137,8 @@ def table_lines(rows: list[dict[str, Any]], grids: dict[str, Any], best: dict[st
 def kept_point(row: dict[str, Any], grids: dict[str, Any]) -> str:
     """The tuned values the row kept, each marked *edge* when it is an end of its grid (compare's warning)."""
     edges = {key for key, _, _ in _edges(row, grids)}
-    return ", ".join(f"{key.rsplit('.', 1)[-1]}={value}" + (" *edge*" if key in edges else "")
-                     for key, value in (row.get("tuned") or {}).items()) or "-"
+    return evidence._point({key: f"{value} *edge*" if key in edges else value
+                            for key, value in (row.get("tuned") or {}).items()})
 
 
 def at_edge(row: dict[str, Any], grids: dict[str, Any]) -> bool:

@@ -152,10 +152,9 @@ def issue_targets(answers: dict[str, Any], fp4_vs_diloco: dict[str, Any], rows: 
 
 def front_of(result: dict[str, Any]) -> list[str]:
     """The schemes whose medians no other scheme beats on both time and bytes to target, fastest first."""
-    from shoal.report.pareto import pareto_front
+    from shoal.report.pareto import pareto_front, points_of
 
-    return pareto_front([(r["scheme"], r["time_to_target_s"], r["bytes_to_target"]) for r in result["rows"]
-                         if r.get("time_to_target_s") is not None and r.get("bytes_to_target") is not None])
+    return pareto_front([(p.scheme, *p.median) for p in points_of(result["rows"]) if p.median is not None])
 
 
 def bytes_ratio(mine: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:

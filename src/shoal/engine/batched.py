@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from shoal.engine.gradients import GradientEngine, mix_seeds, seeded
-from shoal.engine.masked_norm import SampleWeights, can_mask, has_batch_norm, masked_copy
+from shoal.engine.masked_norm import SampleWeights, can_mask, masked_copy
 
 
 @dataclass
@@ -84,7 +84,7 @@ class BatchedGradients:
         # pad unequal batches where the loss is known per sample and batch norm (if any) can leave the padding out
         self._weights = SampleWeights()
         self.pads = engine.task.per_sample is not None and can_mask(model)
-        self._padded_model = masked_copy(model, self._weights) if self.pads and has_batch_norm(model) else model
+        self._padded_model = masked_copy(model, self._weights) if self.pads else model
         self.calls = 0  # vmapped calls made
         self.largest = 0  # the most requests one call computed
 
@@ -123,15 +123,16 @@ class BatchedGradients:
         params = (first.params if shared else torch.stack([r.params for r in requests])).to(device)
         buffers = torch.stack([r.buffers for r in requests]).to(device)
         sizes = [len(r.x) for r in requests]
-        x = torch.stack([_padded(r.x, max(sizes)) for r in requests]).to(device)
-        y = torch.stack([_padded(r.y, max(sizes)) for r in requests]).to(device)
+        largest = max(sizes)
+        x = torch.stack([_padded(r.x, largest) for r in requests]).to(device)
+        y = torch.stack([_padded(r.y, largest) for r in requests]).to(device)
         inputs: tuple[torch.Tensor, ...] = (params, buffers, x, y)
         loss = self._loss
-        if len(set(sizes)) > 1:  # equal batches keep the unweighted mean: the same kernels as without padding
-            weights = torch.tensor([[1.0] * n + [0.0] * (max(sizes) - n) for n in sizes], dtype=params.dtype)
-            inputs, loss = inputs + (weights.to(device),), self._weighted_loss
         self.engine.model.train()
-        self._padded_model.train()
+        if len(set(sizes)) > 1:  # equal batches keep the unweighted mean: the same kernels as without padding
+            weights = torch.tensor([[1.0] * n + [0.0] * (largest - n) for n in sizes], dtype=params.dtype)
+            inputs, loss = inputs + (weights.to(device),), self._weighted_loss
+            self._padded_model.train()
         step = vmap(grad_and_value(loss, has_aux=True), in_dims=(None if shared else 0,) + (0,) * (len(inputs) - 1),
                     randomness="different")
         with warnings.catch_warnings(), seeded(call_seed(requests), device):

@@ -37,12 +37,11 @@ def can_mask(model: nn.Module) -> bool:
     return True
 
 
-def has_batch_norm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-
-
 def masked_copy(model: nn.Module, weights: SampleWeights) -> nn.Module:
-    """A deep copy of ``model`` with every batch-norm layer replaced by one that reads ``weights``."""
+    """A deep copy of ``model`` with every batch-norm layer replaced by one that reads ``weights``; ``model``
+    itself when it has none (nothing to mask, nothing to copy)."""
+    if not any(type(m) in STANDARD for m in model.modules()):
+        return model
     copied = copy.deepcopy(model)
     for name, module in list(copied.named_modules()):
         if type(module) in STANDARD:
