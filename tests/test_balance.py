@@ -196,6 +196,40 @@ def test_weighing_by_samples_makes_a_round_the_mean_over_its_samples():
     assert weighed_by_samples([Push(grads[0], None, 0, samples=0)]) == []
 
 
+def test_a_deadline_cuts_a_slow_batch_at_its_last_whole_micro_batch():
+    from shoal.backends.work import deadline_cut
+
+    assert deadline_cut(0.01, 0.02, 32, 8) == (32, 0.01)  # in time: the whole batch, its own time
+    assert deadline_cut(0.06, 0.02, 32, 8) == (8, 0.02)  # 8 samples take 0.015 s, 16 would take 0.03 s
+    assert deadline_cut(0.5, 0.02, 32, 8) == (0, 0.02)  # not one micro-batch by the deadline
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(1e-4, 10.0), st.floats(1e-4, 10.0), st.integers(1, 256), st.integers(1, 256))
+def test_a_deadline_cut_never_computes_past_the_deadline(batch_s, deadline, batch_size, micro):
+    from shoal.backends.work import deadline_cut
+
+    micro = min(micro, batch_size)
+    samples, seconds = deadline_cut(batch_s, deadline, batch_size, micro)
+    assert seconds <= deadline and 0 <= samples <= batch_size
+    assert samples == batch_size or samples % micro == 0
+    assert samples * batch_s / batch_size <= deadline * (1 + 1e-9)  # the samples it hands in were done in time
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 64), min_size=1, max_size=8).filter(any))
+def test_sample_weights_make_the_rounds_1_over_n_sum_the_mean_over_its_samples(samples):
+    from shoal.backends.work import sample_weights
+
+    grads = torch.randn(len(samples), 3, generator=torch.Generator().manual_seed(len(samples)))
+    weights = sample_weights(samples)
+    assert weights is not None
+    mean = sum(w * g for w, g in zip(weights, grads)) / len(samples)
+    exact = sum(s * g for s, g in zip(samples, grads)) / sum(samples)
+    assert torch.allclose(mean, exact, atol=1e-5)
+    assert sample_weights([None, None]) is None and sample_weights([0, 0]) == []
+
+
 @pytest.mark.parametrize("scheme", [["sync.scheme=bsp"], ["sync.scheme=bsp", "sync.intra_group=allreduce"],
                                     ["sync.scheme=gssp"], ["sync.scheme=localsgd"], ["sync.scheme=diloco"]])
 def test_every_balanced_round_sums_to_its_global_batch(scheme):

@@ -375,13 +375,42 @@ def test_all_reduce_ranks_agree_on_balanced_sizes_through_the_min_of_their_obser
     assert [e["sizes"] for e in ranks[0]._records] == [{"0": 43, "1": 42, "2": 11}] and not ranks[1]._records
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["sync.balance=deadline"], "sync.balance: 'deadline' runs on sim only"),
-    (["sync.scheme=localsgd", "sync.balance=steps"], "sync.balance: 'steps' runs on sim only"),
-])
-def test_balance_modes_ray_does_not_run_are_refused_in_one_line(overrides, message):
-    with pytest.raises(ConfigError, match=message):
-        train(ray_config(*overrides), Path("/nonexistent/never"))
+def test_balanced_local_steps_on_ray_follow_each_workers_emulated_speed(ray_session, tmp_path):
+    """sync.balance = "steps": the server sizes each worker's local steps to its speed (12 in all a period), the
+    worker takes exactly that many before it sends its change, its records show them, the run's iterations count
+    every step, and it reaches its target."""
+    cfg = ray_config("sync.scheme=localsgd", "sync.localsgd.local_steps=4", "sync.balance=steps",
+                     "cluster.workers=3", "cluster.speeds=[1,1,4]", "balance.profile_iterations=2",
+                     "cluster.compute_s=0.01", "run.max_time_s=40")
+    summary = train(cfg, tmp_path / "run")
+    events = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    records = [e for e in events if e["event"] == "iteration"]
+    last = {e["worker"]: e["steps"] for e in records}
+    assert summary["stop_reason"] == "target_reached"
+    assert last[2] < 4 < last[0] and sum(last.values()) == 3 * 4, last
+    assert summary["iterations"] == sum(e["steps"] for e in records)
+    resized = [e for e in events if e["event"] == "balance"]
+    assert resized and sum(resized[-1]["sizes"].values()) == 3 * 4
+
+
+def test_a_deadline_round_on_ray_cuts_the_slow_workers_batch_at_the_deadline(ray_session, tmp_path):
+    """sync.balance = "deadline": once every worker is profiled a round lasts the median worker's batch time; the
+    worker three times slower computes the one whole micro-batch (8 samples) it finishes by then (0.015 s of its
+    0.02 s), never longer, and the rounds, weighed by samples, reach the target."""
+    cfg = ray_config("sync.balance=deadline", "cluster.workers=3", "cluster.speeds=[1,1,3]",
+                     "balance.profile_iterations=2", "balance.micro_batch=8", "cluster.compute_s=0.02",
+                     "run.max_time_s=40")
+    summary = train(cfg, tmp_path / "run")
+    slow = [e for e in read_jsonl(tmp_path / "run" / "metrics.jsonl") if e["event"] == "iteration" and e["worker"] == 2]
+    assert summary["stop_reason"] == "target_reached"
+    cut = [e for e in slow if e["batch"] < 32]
+    assert cut and all(e["batch"] == 8 for e in cut), [e["batch"] for e in slow]
+    assert slow[-1]["batch"] == 8 and max(e["compute_s"] for e in cut) < 0.05, [e["compute_s"] for e in cut]
+
+
+def test_a_deadline_round_in_an_all_reduce_group_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="a deadline round on ray cuts batches on the server path"):
+        train(ray_config("sync.balance=deadline", "sync.intra_group=allreduce"), Path("/nonexistent/never"))
 
 
 def test_a_plugin_compressor_and_scheme_train_on_ray(ray_session, tmp_path):

@@ -218,7 +218,7 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
             return
         w = r["worker"]
         stats = self.stats[w]
-        stats.iterations += 1
+        stats.iterations += r.get("steps", 1)  # an iteration of balanced steps is a whole period
         stats.wait_s += r["wait_s"]
         stats.compute_s += r["compute_s"]
         stats.comm_s += r["comm_s"]
@@ -229,7 +229,7 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         self.recorder.iteration(
             t=r["t"], worker=w, group=stats.group, clock=r["clock"], staleness=r["staleness"],
             compute_s=r["compute_s"], wait_s=r["wait_s"], comm_s=r["comm_s"], pull_s=r["pull_s"], loss=r["loss"],
-            compute_real_s=r["compute_real_s"], **({"batch": r["batch"]} if "batch" in r else {}),
+            compute_real_s=r["compute_real_s"], **{unit: r[unit] for unit in ("batch", "steps") if unit in r},
         )
         self._recent.append((r["t"], stats.group))
         self._note_applied(r["server"], r["t"])

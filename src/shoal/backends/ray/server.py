@@ -28,12 +28,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import ray
 
 from shoal.backends import checkpoint
 from shoal.backends.local_model import pull_bytes
+from shoal.backends.ray.server_exchange import GroupExchange
 from shoal.backends.ray.switch import ServerSide
 from shoal.backends.ray.wire import MOVED, OK, STOP, Link, as_tensor, pack, quiet_readonly_numpy, unpack
+from shoal.backends.work import sample_weights
 from shoal.compress import GradientCodec
 from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
 from shoal.config import OptimizerConfig
@@ -47,18 +48,20 @@ from shoal.sync.policies import PacedSSP
 FLUSH_WINDOW_S = 0.005
 
 
-class GroupServer:
+class GroupServer(GroupExchange):
     """One (group) server: replica, sync policy, buffered pushes, gate futures, delta exchange."""
 
     def __init__(self, index: int, opt: OptimizerConfig, weight: float, exchange_every: int, peer_link: Link,
                  torch_threads: int = 1, outer: tuple[float, float] | None = None,
-                 balancer: WorkBalancer | None = None) -> None:
-        """``balancer``: sync.balance = "batch", this server's own copy (it profiles and sizes its members)."""
+                 balancer: WorkBalancer | None = None, balance: str = "none", deadline: float = 1.0) -> None:
+        """``balancer``: this server's own copy (it profiles and sizes its members) for ``balance`` (sync.balance:
+        "batch", "steps" or "deadline", whose factor is ``deadline``)."""
         quiet_readonly_numpy()
         torch.set_num_threads(torch_threads)
         self.index, self.opt, self.weight, self.exchange_every = index, opt, weight, exchange_every
         self.outer = outer  # DiLoCo's outer step (lr, momentum) on the averaged local changes
-        self.balancer = balancer
+        self.balancer, self.balance, self.deadline = balancer, balance, deadline
+        self._samples: dict[int, int] = {}  # sync.balance = "deadline": how many samples each pending gradient holds
         self.peer_link, self.t0 = peer_link, 0.0
         self.policy: SyncPolicy | None = None
         self.replica: Replica | None = None
@@ -238,10 +241,13 @@ class GroupServer:
         return {"status": OK, "params": params, "buffers": buffers, "version": self.version, "wait_s": waited, **work}
 
     def _work(self, worker: int) -> dict[str, Any]:
-        """sync.balance: the worker's batch size this iteration and its gradient's weight in the round."""
+        """sync.balance: the worker's batch size ("batch") or local steps ("steps") this iteration and its
+        change's weight in the round, or the round's compute deadline in seconds ("deadline")."""
         if self.balancer is None or self.policy is None:
             return {}
-        return {"batch": self.balancer.size(worker), "scale": self.balancer.scale(worker, self.policy.workers)}
+        if self.balance == "deadline":
+            return {"deadline": self.balancer.deadline(self.policy.workers, self.deadline)}
+        return {self.balance: self.balancer.size(worker), "scale": self.balancer.scale(worker, self.policy.workers)}
 
     def _sim_pull(self, worker: int, params: np.ndarray) -> dict[str, Any]:
         """SIM: the plan of the worker's clock, and only the tensors aggregated at its previous clock (all of
@@ -270,7 +276,7 @@ class GroupServer:
         delta when due (GSSP). With SIM, ``grad`` holds the packed gradient tensors and ``sim`` the packed local
         changes, both masks and the SIM clock. ``then_pull``: also wait at the gate for the worker's next
         iteration and hand out the parameters under ``"next"`` (as ``pull`` does), in the same call. ``work``:
-        (compute seconds, batch size) of the iteration, which sync.balance profiles."""
+        (compute seconds, units: samples or local steps) of the iteration, which sync.balance profiles."""
         if self.stopping:
             return {"status": STOP}
         assert self.policy is not None
@@ -290,6 +296,8 @@ class GroupServer:
                 grad_t = None if grad_t is None else grad_t * discount
                 sim = {**sim, "delta": sim["delta"] * discount}
         self._pending[worker] = (grad_t, as_tensor(buffer_delta), sim)
+        if self.balance == "deadline" and work is not None:
+            self._samples[worker] = work[1]
         self.policy.observe(worker, loss)  # the training loss adaptive periods follow
         batch = self.policy.on_push(worker)
         if batch:
@@ -320,10 +328,15 @@ class GroupServer:
             self._apply(batch)
             self._wake()
 
-    def _balance(self, worker: int, applied: bool, compute_s: float, batch: int) -> None:
-        """Profile the worker's seconds per sample; at the end of a round, resize the members if that pays."""
+    def _balance(self, worker: int, applied: bool, compute_s: float, units: int) -> None:
+        """Profile the worker's seconds per unit of work; at the end of a round, resize the members if that pays
+        (a deadline round resizes nothing: its deadline follows the profiles, which only whole batches feed)."""
         assert self.balancer is not None and self.policy is not None
-        self.balancer.observe(worker, compute_s, batch)
+        if self.balance == "deadline":
+            if units == self.balancer.per_worker:  # a cut-off batch tells only how slow it was at least
+                self.balancer.observe(worker, compute_s, units)
+            return
+        self.balancer.observe(worker, compute_s, units)
         members = self.policy.workers
         if applied and self.balancer.rebalance(members):
             self._events.append({"event": "balance", "t": round(time.time() - self.t0, 6), "group": self.index,
@@ -359,20 +372,30 @@ class GroupServer:
 
     def _apply(self, batch: tuple[int, ...]) -> None:
         assert self.replica is not None
+        samples = [self._samples.pop(w, None) for w in batch if w in self._pending]
         pushes = [self._pending.pop(w) for w in batch if w in self._pending]
         if not pushes:
             return
-        if self.ina is not None:
-            if not self._apply_aggregated(len(pushes)):
-                return
-        elif self.schedule is not None and all(s is not None for _, _, s in pushes):
-            self._apply_sim(pushes)
-        else:
-            self.replica.apply([g for g, _, _ in pushes], self.weight)
+        weights = sample_weights(samples)
+        if weights is not None:  # a deadline round: the mean over the samples done in time (none at all: no step)
+            pushes = [(g * weight, b, s) for (g, b, s), weight in zip(pushes, weights)]
+        if pushes and not self._step(pushes):
+            return
         self.version += 1
         self.updates += 1
         self.unsent_updates += 1
         self.replica.add_buffer_deltas([b for _, b, _ in pushes], self.weight)
+
+    def _step(self, pushes: list[tuple[torch.Tensor, torch.Tensor, dict[str, Any] | None]]) -> bool:
+        """One step on the round's pushes; False: the data plane's sum of the round came incomplete (no step)."""
+        assert self.replica is not None
+        if self.ina is not None:
+            return self._apply_aggregated(len(pushes))
+        if self.schedule is not None and all(s is not None for _, _, s in pushes):
+            self._apply_sim(pushes)  # type: ignore[arg-type]
+        else:
+            self.replica.apply([g for g, _, _ in pushes], self.weight)
+        return True
 
     def _apply_sim(self, pushes: list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]) -> None:
         """SIM (as SimServer._apply_sim): one step on the gradient tensors, average in the local changes,
@@ -427,63 +450,6 @@ class GroupServer:
         grad = torch.from_numpy(total).to(self.replica.params.dtype).div_(count)
         self.replica.apply([grad], self.weight * count)
         return True
-
-    # -- GSSP exchange ---------------------------------------------------------------
-
-    def _exchange_due(self) -> bool:
-        if len(self.peers) < 2:
-            return False
-        self._since_exchange += 1
-        if self._since_exchange < self.exchange_every:
-            return False
-        self._since_exchange = 0
-        return True
-
-    def _exchange(self) -> None:
-        """Send the own delta to every peer without waiting (fire and forget through the object store).
-
-        Compressed like an upload when a compressor is configured (the residual
-        stays here, error feedback); the copies leave through this server's
-        emulated egress one after another, then each waits out the peer's ingress.
-        """
-        assert self.replica is not None
-        params, buffers = self.replica.take_own_delta()
-        updates, self.unsent_updates = self.unsent_updates, 0
-        if self.exchange_codec is not None:
-            params, nbytes = self.exchange_codec.encode(params, self.exchange_density)
-        else:
-            nbytes = 4 * params.numel()
-        nbytes += 4 * buffers.numel()
-        peers = [p for i, p in enumerate(self.peers) if i != self.index]
-        self.exchanges += 1
-        self._events.append({"event": "exchange", "t": round(time.time() - self.t0, 6), "group": self.index,
-                             "bytes": nbytes * len(peers)})
-        task = asyncio.get_running_loop().create_task(
-            self._send_delta(peers, params.numpy(), buffers.numpy(), nbytes, updates))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
-    async def _send_delta(self, peers: list[Any], params: np.ndarray, buffers: np.ndarray, nbytes: int,
-                          updates: int) -> None:
-        p_ref, b_ref = ray.put(params), ray.put(buffers)
-        for peer in peers:
-            delay = self.peer_link.seconds(nbytes)  # this copy's turn on the egress
-            if delay > 0:
-                await asyncio.sleep(delay)
-            peer.receive_delta.remote(p_ref, b_ref, nbytes, updates)
-
-    async def receive_delta(self, params: np.ndarray, buffers: np.ndarray, nbytes: int, updates: int = 1) -> None:
-        """A peer's own delta of ``updates`` updates: wait out the emulated transfer, then add it (to the replica it
-        was sent to). The version counts every update the delta holds, so staleness is in real updates."""
-        replica = self.replica
-        delay = self.peer_link.seconds(nbytes)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if self.replica is None or self.replica is not replica or self.stopping:
-            return
-        self.replica.receive_delta(as_tensor(params), as_tensor(buffers))
-        self.version += updates
-        self.bytes_exchange += nbytes
 
     # -- what the driver reads -------------------------------------------------------
 

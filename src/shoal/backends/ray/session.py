@@ -115,8 +115,9 @@ def validate(cfg: Config) -> None:
         if not torch.cuda.is_available():  # local workers run this torch: they would silently compute on the CPU
             raise ConfigError(f"backend.gpus_per_worker = {cfg.backend.gpus_per_worker:g}: this machine's torch "
                               f"({torch.__version__}) sees no CUDA device; use 0, or a CUDA build on a GPU machine")
-    if cfg.sync.balance in ("steps", "deadline"):
-        raise ConfigError(f"sync.balance: {cfg.sync.balance!r} runs on sim only so far; use \"batch\" on ray")
+    if cfg.sync.intra_group == "allreduce" and cfg.sync.balance == "deadline":
+        raise ConfigError("sync.balance: a deadline round on ray cuts batches on the server path; "
+                          "use sync.intra_group = \"server\" (or \"auto\")")
     if cfg.sync.intra_group == "allreduce" and cfg.backend.max_restarts > 0:
         raise ConfigError("backend.max_restarts: a restarted worker cannot rejoin an all-reduce group yet; "
                           "use 0 (a failed worker then ends the run)")

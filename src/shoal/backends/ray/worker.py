@@ -31,6 +31,7 @@ from shoal.backends.ray.switch import WorkerSide
 from shoal.backends.ray.wire import (
     MOVED, OK, STOP, Link, actor_device, actor_threads, as_tensor, pack, quiet_readonly_numpy, unpack,
 )
+from shoal.backends.work import deadline_cut
 from shoal.cluster import StragglerModel
 from shoal.compress import GradientCodec
 from shoal.config import Config
@@ -107,7 +108,9 @@ class Worker:
         """One throwaway gradient: the first backward pass costs lazy initialisation, paid before the clock starts."""
         params, buffers = self.engine.initial_state()
         batch = min(len(shard.y_train), self.cfg.data.batch_size)
+        start = time.perf_counter()
         self.engine.gradient(params, buffers, shard.x_train[:batch].to(self.device), shard.y_train[:batch].to(self.device))
+        self._batch_s = time.perf_counter() - start  # an upper bound of a batch's time until one is measured
 
     # -- control (called by the driver) -------------------------------------------------
 
@@ -273,15 +276,40 @@ class Worker:
             return route, reply, moved_s, elapsed
         return None
 
-    def _compute(self, reply: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, int, float, dict[str, Any] | None]:
-        """The real gradient on the pulled parameters, compressed: (grad, buffer delta, bytes, loss, SIM part)."""
+    def _plan(self, reply: dict[str, Any]) -> tuple[int | None, float | None]:
+        """sync.balance: this iteration's units of work (samples, or local steps; None: unbalanced) and its
+        emulated compute seconds (None: only the real time counts, cluster.emulate off).
+
+        A deadline round cuts the batch where the simulator does (backends/work.py), from the emulated time
+        of a plain batch or, unemulated, from this worker's last measured one.
+        """
+        batch_size = self.cfg.data.batch_size
+        plain = self.compute_s * self.speed * self.stragglers.factor(self.w) if self.cfg.cluster.emulate else None
+        if "deadline" in reply:
+            samples, seconds = deadline_cut(self._batch_s if plain is None else plain, reply["deadline"], batch_size,
+                                            self.cfg.balance.micro_batch)
+            return samples, None if plain is None else seconds
+        if "batch" in reply:
+            return reply["batch"], None if plain is None else plain * reply["batch"] / batch_size
+        if "steps" in reply:
+            return reply["steps"], None if plain is None else plain * reply["steps"]
+        return None, plain
+
+    def _compute(self, reply: dict[str, Any],
+                 units: int | None) -> tuple[np.ndarray, np.ndarray, int, float | None, dict[str, Any] | None]:
+        """The real gradient on the pulled parameters, compressed: (grad, buffer delta, bytes, loss, SIM part).
+        ``units``: the batch size, or the local steps of a period (sync.balance)."""
         if self._fail_next:
             raise RuntimeError(f"worker {self.w}: injected failure")
+        if "steps" in reply:
+            return self._period_compute(reply, units or 1)
         if "plan" in reply:
             return self._sim_compute(reply)
         params = as_tensor(reply["params"]).to(self.device)
         buffers = as_tensor(reply["buffers"]).to(self.device)
-        x, y = self.stream.next(reply.get("batch"))
+        if units == 0:  # a deadline round in which this worker finished no micro-batch: it counts for nothing
+            return np.zeros(params.numel(), np.float32), np.zeros(buffers.numel(), np.float32), 0, None, None
+        x, y = self.stream.next(units)
         grad, buffer_delta, loss = self.engine.gradient(params, buffers, x.to(self.device), y.to(self.device))
         grad, buffer_delta = grad.cpu(), buffer_delta.cpu()
         if (scale := reply.get("scale", 1.0)) != 1.0:  # sync.balance: weighted by samples in the round
@@ -320,6 +348,30 @@ class Worker:
         buffer_bytes = 0 if reply.get("periodic") and not any(plan) else 4 * buffer_delta.numel()
         nbytes = grad_bytes + delta_bytes + buffer_bytes
         return pack(sent_grad, grad_mask, self.slices), buffer_delta.numpy(), nbytes, loss, sim
+
+    def _period_compute(self, reply: dict[str, Any],
+                        steps: int) -> tuple[np.ndarray, np.ndarray, int, float, dict[str, Any]]:
+        """sync.balance = "steps" (as the sim backend's _period_push): take the averaged model, ``steps`` local
+        steps, then send the whole change, weighed by steps."""
+        local = self.local
+        assert local is not None
+        everything, nothing = (True,) * len(self.slices), (False,) * len(self.slices)
+        local.pull(unpack(reply["params"], tuple(reply["fresh"]), self.slices, local.params.numel()),
+                   tuple(reply["fresh"]))
+        buffers = as_tensor(reply["buffers"]).to(self.device)
+        losses = []
+        for _ in range(steps):
+            x, y = self.stream.next()
+            grad, buffer_delta, loss = self.engine.gradient(local.params.to(self.device), buffers, x.to(self.device),
+                                                            y.to(self.device))
+            local.step(grad.cpu())
+            losses.append(loss)
+        change = local.change() * reply.get("scale", 1.0)
+        sent, nbytes = self._encode(self.delta_codec, change, everything)
+        sim = {"delta": pack(sent, everything, self.slices), "grad_mask": nothing, "delta_mask": everything,
+               "clock": reply["clock"]}
+        return (pack(change, nothing, self.slices), buffer_delta.cpu().numpy(), nbytes + 4 * buffer_delta.numel(),
+                sum(losses) / len(losses), sim)
 
     def _encode(self, codec: GradientCodec | None, vector: torch.Tensor,
                 send: tuple[bool, ...]) -> tuple[torch.Tensor, int]:
@@ -385,17 +437,18 @@ class Worker:
         if pulled is None:
             return False
         route, reply, waited, pull_s = pulled
+        units, target = self._plan(reply)
         start = time.perf_counter()
-        grad, delta, nbytes, loss, sim = self._compute(reply)
+        grad, delta, nbytes, loss, sim = self._compute(reply, units)
         real = time.perf_counter() - start
         compute = real
-        batch = reply.get("batch", self.cfg.data.batch_size)
-        if self.cfg.cluster.emulate:
-            target = self.compute_s * self.speed * self.stragglers.factor(self.w) * batch / self.cfg.data.batch_size
+        if target is not None:
             if target > real:
                 await asyncio.sleep(target - real)
             compute = max(target, real)
-        work = (compute, batch) if "batch" in reply else None
+        if "deadline" in reply and units:  # what an unemulated deadline round cuts by: the last seconds per sample
+            self._batch_s = real * self.cfg.data.batch_size / units
+        work = None if units is None else (compute, units)
         pushed = await self._push(route, reply["version"], grad, delta, nbytes, sim, work, loss)
         if pushed is None:
             return False
@@ -404,7 +457,9 @@ class Worker:
             "t": round(time.time() - self.t0, 6), "worker": self.w, "server": self.route.server if self.route else 0,
             "clock": answer["clock"], "staleness": answer["staleness"], "compute_s": round(compute, 6),
             "compute_real_s": round(real, 6), "wait_s": round(waited + push_wait, 6),
-            "comm_s": round(pull_s + push_s, 6), "pull_s": round(pull_s, 6), "loss": round(loss, 6), "bytes_up": nbytes,
-            "bytes_down": reply.get("nbytes", self.download_bytes), **({"batch": batch} if work else {}),
+            "comm_s": round(pull_s + push_s, 6), "pull_s": round(pull_s, 6),
+            "loss": None if loss is None else round(loss, 6), "bytes_up": nbytes,
+            "bytes_down": reply.get("nbytes", self.download_bytes),
+            **({"steps" if "steps" in reply else "batch": units} if work else {}),
         })
         return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from shoal.backends.sim.server import Pulled, Push, SimServer
+from shoal.backends.work import deadline_cut
 
 
 class SimBalance:
@@ -31,11 +32,7 @@ class SimBalance:
             work = self.balancer.size(w)
             return work, batch_s * self.strategy.compute_factor(work)
         deadline = self.balancer.deadline(self._members(self.server_of(w)), self.cfg.balance.deadline)
-        if batch_s <= deadline:
-            return self.cfg.data.batch_size, batch_s
-        micro = self.cfg.balance.micro_batch
-        done = int(deadline / (batch_s * micro / self.cfg.data.batch_size)) * micro
-        return min(done, self.cfg.data.batch_size), deadline
+        return deadline_cut(batch_s, deadline, self.cfg.data.batch_size, self.cfg.balance.micro_batch)
 
     def _members(self, server: SimServer) -> list[int]:
         """The workers whose rounds ``server`` gates (a GSSP group, or everyone still present)."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import simpy
 import torch
 
+from shoal.backends.work import sample_weights
 from shoal.compress.codec import GradientCodec
 from shoal.compress.similarity import SimilarityMeter, SimilaritySchedule
 from shoal.engine.cost import SharedLink
@@ -63,12 +64,10 @@ class Pulled:
 def weighed_by_samples(pushes: list[Push]) -> list[torch.Tensor]:
     """The pushes' gradients, each scaled so that their 1/N sum is the mean over all their samples (pushes that
     say how many they hold, sync.balance = "deadline"; the others as they are). Empty: no sample in the round."""
-    if all(p.samples is None for p in pushes):
+    weights = sample_weights([p.samples for p in pushes])
+    if weights is None:
         return [p.grad for p in pushes]
-    total = sum(p.samples or 0 for p in pushes)
-    if total == 0:
-        return []
-    return [p.grad * ((p.samples or 0) * len(pushes) / total) for p in pushes]
+    return [p.grad * weight for p, weight in zip(pushes, weights)]
 
 
 class AfterTheMoment(simpy.Event):
