@@ -104,7 +104,10 @@ def study_lines(script: str, record: dict[str, Any]) -> list[str]:
                       f"(benchmarks/results/{front.name})"]
     if any(at_edge(row, compare.get("grids", {})) for row in rows):
         lines += ["", "*edge*: the kept value is the smallest or largest of the scheme's grid (every scheme's grid "
-                      "has as many points): its best may lie beyond, so the row may be under-tuned."]
+                      "has as many points): its best may lie beyond, so the row may be under-tuned. How steep the "
+                      "curve is there, as median time to target on the development seeds, the kept end first and "
+                      "the next value in second (a small gap: a flat stretch, which a wider grid is unlikely to "
+                      "move): " + edge_words(rows, compare.get("grids", {})) + "."]
     if answers := record.get("answers"):
         lines += [""] + (lowcomm.answer_lines(answers) if script == "lowcomm"
                          else balance.answer_lines(answers, compare["metric"]))
@@ -139,6 +142,24 @@ def kept_point(row: dict[str, Any], grids: dict[str, Any]) -> str:
     edges = {key for key, _, _ in _edges(row, grids)}
     return evidence._point({key: f"{value} *edge*" if key in edges else value
                             for key, value in (row.get("tuned") or {}).items()})
+
+
+def edge_words(rows: list[dict[str, Any]], grids: dict[str, Any]) -> str:
+    """Each edge row's kept end against the next value in, on the development seeds, in one phrase each."""
+    from shoal.report.tuning import edge_margins
+
+    phrases = []
+    for row in rows:
+        for m in edge_margins(row, grids):
+            gap = "" if None in (m["kept_s"], m["next_s"]) else ", " + _percent(m["next_s"] / m["kept_s"] - 1)
+            phrases.append(f"`{row['scheme']}` {m['key'].rsplit('.', 1)[-1]} {m['kept']}: {_seconds(m['kept_s'])} s, "
+                           f"{m['next']}: {_seconds(m['next_s'])} s{gap}")
+    return "; ".join(phrases)
+
+
+def _percent(change: float) -> str:
+    """A relative change with its sign, one decimal under 10%."""
+    return f"{100 * change:+.1f}%" if abs(change) < 0.1 else f"{100 * change:+.0f}%"
 
 
 def at_edge(row: dict[str, Any], grids: dict[str, Any]) -> bool:

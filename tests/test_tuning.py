@@ -142,6 +142,24 @@ def test_a_kept_value_at_the_edge_of_its_grid_is_named():
     assert both == [("h", 2, "smallest"), ("lr", 3, "largest")]
 
 
+def test_an_edge_is_weighed_against_the_next_value_in_on_the_development_seeds():
+    """The kept end's and its neighbour's median time to target come from the row's own tuning record, matched
+    by point whatever the order of its keys; a neighbour whose median seed never reached the target is None."""
+    from shoal.comparison.results import tuning_warnings
+    from shoal.report.tuning import edge_margins
+
+    grids = {"localsgd": {"h": [2, 8, 32], "lr": [0.1, 0.2]}}
+    tuning = [{"point": {"lr": lr, "h": h}, "median_time_to_target_s": t}
+              for (h, lr), t in {(2, 0.1): 30.0, (8, 0.1): 20.0, (32, 0.1): 18.0, (8, 0.2): None}.items()]
+    row = {"scheme": "localsgd", "tuned": {"h": 32, "lr": 0.1}, "tuning": tuning}
+    assert edge_margins(row, grids) == [{"key": "h", "kept": 32, "kept_s": 18.0, "next": 8, "next_s": 20.0}]
+    low = {**row, "tuned": {"h": 2, "lr": 0.2}}
+    assert edge_margins(low, grids) == [{"key": "h", "kept": 2, "kept_s": None, "next": 8, "next_s": None}]
+    assert edge_margins({**row, "tuned": {"h": 8, "lr": 0.1}}, grids) == []
+    warned, = tuning_warnings([row], grids)
+    assert "[2, 8, 32] (median time to target on the development seeds 18 s; 8: 20 s): its best" in warned
+
+
 def test_compare_warns_when_a_scheme_kept_the_edge_of_its_grid(tuned):
     out, data = tuned
     local = next(r for r in data["rows"] if r["scheme"].startswith("localsgd"))
@@ -152,7 +170,7 @@ def test_compare_warns_when_a_scheme_kept_the_edge_of_its_grid(tuned):
     assert page.count(">(edge)</span>") == at_edge  # the row is marked in the table too
     if at_edge:
         assert warned[0].startswith("tuning: localsgd@optimizer.lr=0.2 kept sync.localsgd.local_steps = ")
-        assert "value of its grid [2, 8, 32]: its best may lie beyond" in page
+        assert "value of its grid [2, 8, 32]" in page and "its best may lie beyond" in page
 
 
 def test_the_report_shows_the_tuned_values_and_the_grid(tuned):

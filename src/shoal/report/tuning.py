@@ -76,6 +76,29 @@ def grid_edges(grid: dict[str, list[Any]], point: dict[str, Any]) -> list[tuple[
     return edges
 
 
+def edge_margins(row: dict[str, Any], grids: dict[str, dict[str, list[Any]]]) -> list[dict[str, Any]]:
+    """How steep the tuning curve is where a row's grid ends: for each edge it kept (``grid_edges``), the kept
+    value and the next value in, each with its median time to target on the development seeds (None: the
+    median seed never reached it), from the row's own tuning record.
+
+    A kept end that barely beats its neighbour sits on a flat stretch, where a wider grid is unlikely to move
+    the row; one that beats it by a wide margin may have its best beyond the grid.
+    """
+    grid = grids.get(row["scheme"], {})
+    kept = row.get("tuned") or {}
+    def same(point: dict[str, Any]) -> str:  # a point whatever the order of its keys
+        return point_label(dict(sorted(point.items())))
+
+    by_point = {same(e["point"]): e.get("median_time_to_target_s") for e in row.get("tuning") or []}
+    margins = []
+    for key, value, side in grid_edges(grid, kept):
+        values = sorted(v for v in grid[key] if isinstance(v, (int, float)) and not isinstance(v, bool))
+        neighbour = values[1] if side == "smallest" else values[-2]
+        margins.append({"key": key, "kept": value, "kept_s": by_point.get(same(kept)), "next": neighbour,
+                        "next_s": by_point.get(same({**kept, key: neighbour}))})
+    return margins
+
+
 def median_time(times: Sequence[float | None]) -> float | None:
     """Median time to target where None (not reached) counts as infinity; None if the median is unreached."""
     if not times:
