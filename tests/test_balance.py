@@ -294,6 +294,25 @@ def test_compare_takes_balance_as_a_modifier_and_the_report_draws_each_workers_b
     assert (out / "batches-bsp_balance.png").exists() and not (out / "batches-bsp.png").exists()
 
 
+def test_the_report_draws_balanced_local_steps_as_steps_from_h(tmp_path):
+    """A "steps" run's resizes are local steps: the panel starts each worker at the scheme's H, not at
+    data.batch_size, and says so on its axis."""
+    from shoal.report.html import _balanced_unit
+    from shoal.report.worker_plots import plot_batch_sizes
+
+    config = tmp_path / "config.toml"
+    config.write_text('[data]\nbatch_size = 32\n[sync]\nscheme = "diloco"\nbalance = "steps"\n'
+                      '[sync.diloco]\nlocal_steps = 8\n')
+    assert _balanced_unit(config) == ("steps", 8)
+    config.write_text('[data]\nbatch_size = 24\n[sync]\nscheme = "bsp"\nbalance = "batch"\n')
+    assert _balanced_unit(config) == ("batch", 24)
+    assert _balanced_unit(tmp_path / "absent.toml") == ("batch", 32)
+    resizes = [{"t": 1.0, "sizes": {"0": 13, "1": 3}}]
+    path = plot_batch_sizes("diloco+balance-steps", resizes, [1.0, 4.0], 8, 2.0, tmp_path / "steps.png",
+                            "virtual seconds", "steps")
+    assert path.is_file() and path.stat().st_size > 1000
+
+
 def test_the_report_draws_the_batches_of_runs_that_logged_no_iterations(tmp_path):
     """No iteration events means no timeline window; the batch-size plots (balance events) still render."""
     out = tmp_path / "cmp"

@@ -366,13 +366,25 @@ def _timeline_section(out: Path, runs: list[RunData], label: str) -> Section:
             section["images"].append(_img(path, f"per-worker timeline of {run.name}"))
     for run in runs:
         if run.balance:
-            config = run.path / "config.toml"
-            per_worker = int(tomllib.loads(config.read_text())["data"]["batch_size"]) if config.exists() else 32
+            unit, per_worker = _balanced_unit(run.path / "config.toml")
             path = worker_plots.plot_batch_sizes(run.name, run.balance, run.speeds, per_worker,
-                                          float(run.summary.get("elapsed_s") or run.balance[-1]["t"]),
-                                          out / f"batches-{_slug(run.name)}.png", label)
-            section["images"].append(_img(path, f"each worker's batch size over time in {run.name}"))
+                                                 float(run.summary.get("elapsed_s") or run.balance[-1]["t"]),
+                                                 out / f"batches-{_slug(run.name)}.png", label, unit)
+            what = "local steps" if unit == "steps" else "batch size"
+            section["images"].append(_img(path, f"each worker's {what} over time in {run.name}"))
     return section
+
+
+def _balanced_unit(config: Path) -> tuple[str, int]:
+    """What a balanced run sized, "batch" or "steps" (sync.balance), and how much each worker did before the
+    first resize (data.batch_size, or the scheme's H), from the run's config.toml (batches of 32 without one)."""
+    if not config.exists():
+        return "batch", 32
+    cfg = tomllib.loads(config.read_text())
+    sync = cfg.get("sync", {})
+    if sync.get("balance") == "steps":
+        return "steps", int(sync.get(sync.get("scheme", ""), {}).get("local_steps", 1))
+    return "batch", int(cfg.get("data", {}).get("batch_size", 32))
 
 
 def _marks(run: RunData) -> list[tuple[float, str]]:

@@ -13,6 +13,7 @@ import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from shoal.report.plots import group_color, save_figure  # (plots selects the Agg backend first)
 from shoal.report.runs import segments
@@ -149,8 +150,9 @@ def _timeline_legend(groups: list[int], kinds: set[str]) -> list[Patch]:
 
 
 def plot_batch_sizes(name: str, resizes: Sequence[Mapping[str, Any]], speeds: Sequence[float], per_worker: int,
-                     end_t: float, path: Path, time_label: str) -> Path:
-    """sync.balance: each worker's batch size over time (a step line per worker, from data.batch_size at 0)."""
+                     end_t: float, path: Path, time_label: str, unit: str = "batch") -> Path:
+    """sync.balance: each worker's batch size (``unit`` "batch") or local steps between averagings ("steps")
+    over time, a step line per worker from ``per_worker`` at 0 (data.batch_size, or H)."""
     workers = pick_workers(speeds, MAX_TIMELINE_WORKERS) if speeds else sorted(
         {int(w) for r in resizes for w in r["sizes"]})
     fig = Figure(figsize=(12, 4), layout="constrained")
@@ -169,9 +171,12 @@ def plot_batch_sizes(name: str, resizes: Sequence[Mapping[str, Any]], speeds: Se
         ax.step(times, sizes, where="post", lw=1.4, color=cmap(0.9 * math.log(speed) / math.log(slowest))
                 if slowest > 1 else cmap(0.0), label=f"w{w} ({speed:g}x)")
     ax.set_xlabel(time_label)
-    ax.set_ylabel("batch size (samples)")
+    steps = unit == "steps"
+    ax.set_ylabel("local steps between averagings" if steps else "batch size (samples)")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     resized = f"{len(resizes)} resize{'s' if len(resizes) != 1 else ''}"
-    ax.set_title(f"{name}: each worker's batch, sized to its measured speed ({resized})", loc="left")
+    ax.set_title(f"{name}: each worker's {'local steps' if steps else 'batch'}, sized to its measured speed "
+                 f"({resized})", loc="left")
     ax.grid(alpha=0.3)
     fig.legend(fontsize=8, ncol=min(len(workers), 8), loc="outside lower center", frameon=False)
     return save_figure(fig, path)
