@@ -141,6 +141,7 @@ class GroupServer(GroupExchange):
     def _reset(self, policy: SyncPolicy, epoch: int) -> None:
         self.policy, self.epoch = policy, epoch
         self._pending.clear()
+        self._samples.clear()
         self._meters.clear()
         self.force_pull = set(policy.clocks)  # SIM: a worker new to this replica takes all of it
         self._since_exchange = 0
@@ -165,6 +166,7 @@ class GroupServer(GroupExchange):
         if worker in self.policy.clocks:
             batch = self.policy.remove(worker)
             self._pending.pop(worker, None)
+            self._samples.pop(worker, None)
             if batch:
                 self._apply(batch)
             self._finish_measurements()
