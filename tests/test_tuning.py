@@ -130,6 +130,22 @@ def test_compare_tunes_on_development_seeds_and_reports_the_evaluation_seeds_aft
         assert row["versus"] in ("bsp", "asp", "localsgd@optimizer.lr=0.2") and "p_value" in row
 
 
+def test_a_scheme_with_nothing_to_tune_runs_no_development_seed(tmp_path):
+    """bsp has no own knob and no shared grid here: it runs only its evaluation seeds (after the development
+    seeds, as every scheme's), keeps its defaults, and its row says it tuned nothing; ssp tunes its three points."""
+    plan = plan_runs(None, parse_schemes("bsp,ssp"), Protocol(seeds=1, tune_seeds=1), list(FAST))
+    assert {run.scheme for run in plan} == {"ssp"} and len(plan) == 3
+    out = tmp_path / "cmp"
+    result = CliRunner().invoke(app, ["compare", *_sets("run.max_time_s=1"), "--schemes", "bsp,ssp",
+                                      "--tune-seeds", "1", "--seeds", "2", "--out", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "compare.json").read_text())
+    rows = {r["scheme"]: r for r in data["rows"]}
+    assert rows["bsp"]["tuned"] == {} and rows["bsp"]["tuning"] == [] and not (out / "bsp" / "tune").exists()
+    assert data["tuning_seeds"] == [0] and data["eval_seeds"] == [1, 2] and len(rows["ssp"]["tuning"]) == 3
+    assert sorted((out / "bsp").iterdir()) == [out / "bsp" / "seed-1", out / "bsp" / "seed-2"]
+
+
 def test_a_kept_value_at_the_edge_of_its_grid_is_named():
     from shoal.report.tuning import grid_edges
 

@@ -37,7 +37,8 @@ class PlannedRun:
 def plan_runs(config: Path | None, schemes: list[Scheme], protocol: Protocol | int, overrides: list[str],
               base_seed: int | None = None) -> list[PlannedRun]:
     """Validate every run of the first phase up front: each (scheme, grid point, development seed) when tuning,
-    else each (scheme, evaluation seed). The scheme's keys win over the grid and --set."""
+    else each (scheme, evaluation seed). The scheme's keys win over the grid and --set. A scheme with nothing
+    to tune (no own knob, no shared grid) runs no development seed: only its evaluation seeds, later."""
     protocol = protocol if isinstance(protocol, Protocol) else Protocol(seeds=protocol)
     protocol.check(schemes)
     base_seed = load_config(config, overrides).run.seed if base_seed is None else base_seed
@@ -48,7 +49,10 @@ def plan_runs(config: Path | None, schemes: list[Scheme], protocol: Protocol | i
         if not protocol.tune_seeds:
             plan += evaluation_runs(config, scheme, protocol, overrides, {}, base_seed)
             continue
-        for point in grid_points(grid, dict(scheme.pinned)):
+        points = grid_points(grid, dict(scheme.pinned))
+        if points == [{}]:  # nothing to tune: its development seeds would choose nothing (chosen_point: defaults)
+            continue
+        for point in points:
             for seed in protocol.tuning_seeds(base_seed):
                 run_dir = f"{scheme.name}/tune/{point_label(point)}/seed-{seed - base_seed}"
                 plan.append(_planned(config, scheme, overrides, point, seed, run_dir, tuning=True))
@@ -74,9 +78,10 @@ def _planned(config: Path | None, scheme: Scheme, overrides: list[str], point: d
 
 
 def chosen_point(tuning: list[tuple[PlannedRun, dict[str, Any]]], scheme: str) -> dict[str, Any]:
-    """The grid point a scheme keeps: the best by ``choose`` over its development seeds."""
+    """The grid point a scheme keeps: the best by ``choose`` over its development seeds (no entry: nothing to
+    tune, the defaults)."""
     entries = tuning_entries(tuning, scheme)
-    return entries[choose(entries)]["point"]
+    return entries[choose(entries)]["point"] if entries else {}
 
 
 def tuning_entries(tuning: list[tuple[PlannedRun, dict[str, Any]]], scheme: str) -> list[dict[str, Any]]:
