@@ -196,7 +196,23 @@ def test_dry_run_builds_everything_says_what_would_run_and_writes_nothing(tmp_pa
     assert result.returncode == 0, result.stderr
     assert "model: mlp," in result.stdout and "4 workers, slowdowns 1, 2, 4, 8" in result.stdout
     assert "sync.balance = 'steps'" in result.stdout and "local models: yes" in result.stdout
+    assert "plan: every tensor" in result.stdout and "after each worker's own local steps (8 x 4 a period" in \
+        result.stdout
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides, plan", [
+    (["sync.scheme=localsgd"], "averaged every 8 local steps"),
+    (["sync.scheme=localsgd", "sync.localsgd.warmup_steps=4"], "every 8 local steps after 4 steps that average"),
+    (["sync.scheme=diloco", "sync.diloco.adaptive=true"], "every 8 local steps at first, then every "
+                                                           "ceil(H x sqrt(L / L0)) as the training loss L falls"),
+])
+def test_the_dry_run_states_the_averaging_plan_the_policy_follows(overrides, plan):
+    from shoal.config import load_config
+    from shoal.runner import dry_run
+
+    [line] = [line for line in dry_run(load_config(None, FAST + overrides)) if line.startswith("plan:")]
+    assert plan in line, line
     bad = shoal("train", *_sets("model.hidden=[0]"), "--dry-run")
     assert bad.returncode == 2 and bad.stderr.startswith("error:")
 

@@ -113,13 +113,23 @@ def dry_run(cfg: Config) -> list[str]:
                                                      if strategy.compressed else "")
         + ("; SIM on" if cfg.compression.similarity.enabled else ""),
         f"aggregation: {cfg.network.aggregation}",
-        *([f"plan: {schedule.describe([s.numel for s in strategy.layout])}"]
+        *([f"plan: {_periodic_plan(strategy, schedule, len(speeds))}"]
           if isinstance(schedule := strategy.aggregation_schedule(), PeriodicSchedule) else []),
         f"stops: {cfg.task.metric} {'target ' + format(target, 'g') if target is not None else 'without a target'}, "
         f"at most {cfg.run.max_time_s:g} s" + (f" or {cfg.run.max_iterations} iterations" if cfg.run.max_iterations
                                               else ""),
     ]
     return lines
+
+
+def _periodic_plan(strategy: Strategy, schedule: PeriodicSchedule, workers: int) -> str:
+    """Local SGD's (DiLoCo's) plan in one line, with the periods the server's policy decides (AdaComm's shrink)."""
+    values = sum(s.numel for s in strategy.layout)
+    if strategy.balance == "steps":
+        return (f"every tensor ({values:,} values) averaged after each worker's own local steps "
+                f"({strategy.scheme.local_steps(strategy.cfg.sync)} x {workers} a period in all, split by speed)")
+    schedule.follow(strategy.policy(range(workers)))
+    return schedule.describe([s.numel for s in strategy.layout])
 
 
 def _check_inputs(cfg: Config, out: Path, overwrite: bool, resume: Path | None) -> bool:

@@ -147,6 +147,9 @@ class PeriodicSchedule:
         """The plan in one line (``shoal train --dry-run``), over the slots' sizes."""
         warmup = f" after {self.warmup_steps} steps that average every step" if self.warmup_steps else ""
         every = "every step" if self.local_steps == 1 else f"every {self.local_steps} local steps"
+        if self.periods.adaptive:  # followed from the policy (AdaComm): the periods shrink as the loss falls
+            every += (" at first, then every ceil(H x sqrt(L / L0)) as the training loss L falls below the first "
+                      "period's L0 (AdaComm)")
         return f"every tensor ({sum(numels):,} values) averaged {every}{warmup}"
 
     def on_round(self, clock: int, changes: Sequence[torch.Tensor], slices: Sequence[slice]) -> None:
