@@ -4,9 +4,17 @@
 # (compare's --resume keeps every finished run whose config is the same by value). Runs go to
 # runs/evidence/ of the folder this is started from; results to benchmarks/results/.
 #
-#   nohup benchmarks/studies.sh >> /tmp/studies.log 2>&1 &    # from the project root, or a worktree of it
-#   benchmarks/studies.sh --list                              # what it would run, in order
-#   benchmarks/studies.sh --status                            # how many runs of each are done
+#   benchmarks/studies.sh --start      # in the background, from a worktree of HEAD (edit main meanwhile)
+#   benchmarks/studies.sh --pause      # stop the queue's processes for a while (timing tests, CI) ...
+#   benchmarks/studies.sh --continue   # ... and let them go on
+#   benchmarks/studies.sh --stop       # end the queue, pack the finished runs, remove the worktree
+#   benchmarks/studies.sh --list       # what it would run, in order
+#   benchmarks/studies.sh --status     # how many runs of each are done
+#   nohup benchmarks/studies.sh >> /tmp/studies.log 2>&1 &    # the queue itself, in the foreground's folder
+#
+# --start runs the queue from a git worktree of HEAD ($STUDIES_WORKTREE, default /tmp/shoal-studies) whose
+# runs/evidence is this checkout's, so the committed code runs while this checkout changes; the worktree's
+# .queue.pgid holds the queue's process group, which the other commands signal. Log: $STUDIES_LOG.
 #
 # A study takes longer than a session, and runs/ is not tracked: at the end of a session pack the finished runs
 # into git (`benchmarks/run_archive.py save`, then commit benchmarks/archive/); this script unpacks them first, so
@@ -29,6 +37,54 @@ STUDIES=(
   "evidence.py lm-tiers-by_source"   # issue 38: non-IID
   "evidence.py lm-tiers-compression" # issue 38: compression and GRID in training
 )
+WORKTREE="$(realpath -m "${STUDIES_WORKTREE:-/tmp/shoal-studies}")"
+LOG="${STUDIES_LOG:-/tmp/studies.log}"
+PGID_FILE="$WORKTREE/.queue.pgid"
+
+alive() {  # whether process group $1 holds a process that is not a zombie (ended, not yet reaped)
+  ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'
+}
+
+queue_group() {  # the running queue's process group, or nothing
+  [[ -s "$PGID_FILE" ]] && alive "$(cat "$PGID_FILE")" && cat "$PGID_FILE"
+}
+
+case "${1:-}" in
+  --start)
+    if group=$(queue_group); then
+      echo "error: the queue already runs (process group $group, $WORKTREE); --stop it first" >&2
+      exit 2
+    fi
+    git worktree prune
+    if [[ -e "$WORKTREE" ]]; then
+      echo "error: $WORKTREE exists; --stop removes it (or: git worktree remove --force $WORKTREE)" >&2
+      exit 2
+    fi
+    git worktree add --quiet --detach "$WORKTREE" HEAD
+    mkdir -p runs/evidence "$WORKTREE/runs"
+    ln -sfn "$(pwd)/runs/evidence" "$WORKTREE/runs/evidence"
+    # setsid: the queue leads its own process group, so one signal reaches every run it started
+    (cd "$WORKTREE" || exit 2; PYTHON="$PYTHON" setsid benchmarks/studies.sh >> "$LOG" 2>&1 < /dev/null &
+     echo $! > "$PGID_FILE")
+    echo "queue started at $(git rev-parse --short HEAD) in $WORKTREE (process group $(cat "$PGID_FILE")); log: $LOG"
+    exit 0 ;;
+  --pause|--continue)
+    group=$(queue_group) || { echo "error: no queue runs from $WORKTREE" >&2; exit 2; }
+    kill "-$([[ "$1" == --pause ]] && echo STOP || echo CONT)" -- "-$group"
+    echo "queue ${1#--}d (process group $group)"
+    exit 0 ;;
+  --stop)
+    if group=$(queue_group); then
+      kill -TERM -- "-$group"; kill -CONT -- "-$group" 2>/dev/null || true  # a paused run takes TERM once it goes on
+      for _ in $(seq 30); do alive "$group" || break; sleep 1; done
+      kill -KILL -- "-$group" 2>/dev/null || true
+    fi
+    PYTHONPATH=src "$PYTHON" benchmarks/run_archive.py save
+    [[ -e "$WORKTREE" ]] && git worktree remove --force "$WORKTREE"
+    git worktree prune
+    echo "queue stopped; commit benchmarks/archive/ to keep its finished runs"
+    exit 0 ;;
+esac
 if [[ "${1:-}" == "--list" ]]; then
   printf '%s\n' "${STUDIES[@]}"
   exit 0
