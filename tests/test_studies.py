@@ -69,6 +69,45 @@ def test_the_queue_unpacks_the_kept_runs_then_resumes_every_study_in_order(tmp_p
     assert calls[1:] == [f"benchmarks/{script} {study} --jobs 2 --resume" for script, study in queued()]
 
 
+def test_the_queue_starts_in_a_worktree_pauses_goes_on_and_stops_as_one_process_group(tmp_path):
+    """--start runs the queue from a worktree of HEAD as its own process group (a stand-in Python that sleeps),
+    --pause stops every process of it, --continue lets them go on, --stop ends them, packs the runs (the
+    stand-in records the call) and removes the worktree; a second --start while one runs is refused."""
+    import time
+
+    log, fake, worktree = tmp_path / "calls", tmp_path / "python", tmp_path / "queue"
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\ncase \"$*\" in *save*) exit 0;; esac\nexec sleep 60\n")
+    fake.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "STUDIES_WORKTREE": str(worktree),
+           "STUDIES_LOG": str(tmp_path / "queue.log")}
+
+    def studies(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "benchmarks/studies.sh", *args], capture_output=True, text=True, timeout=60,
+                              env=env, cwd=ROOT)
+
+    def states(group: int) -> set[str]:
+        ps = subprocess.run(["ps", "-eo", "pgid=,stat="], capture_output=True, text=True, check=True).stdout
+        return {stat[0] for pgid, stat in (line.split() for line in ps.splitlines()) if int(pgid) == group}
+
+    assert studies("--start").returncode == 0
+    try:
+        group = int((worktree / ".queue.pgid").read_text())
+        for _ in range(50):  # the queue's first call (unpacking the archive) is the sleeping stand-in
+            if log.exists():
+                break
+            time.sleep(0.1)
+        assert (worktree / "benchmarks" / "studies.sh").is_file() and (worktree / "runs" / "evidence").is_symlink()
+        again = studies("--start")
+        assert again.returncode == 2 and again.stderr.startswith("error: the queue already runs")
+        assert studies("--pause").returncode == 0 and states(group) == {"T"}
+        assert studies("--continue").returncode == 0 and "T" not in states(group)
+    finally:
+        stopped = studies("--stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert states(group) <= {"Z"} and not worktree.exists()
+    assert log.read_text().splitlines() == ["benchmarks/run_archive.py restore", "benchmarks/run_archive.py save"]
+
+
 def test_a_byte_ratio_carries_its_interval_and_p_value():
     """Ten seeds each, ``mine`` moving a tenth of ``base``'s bytes: 10x fewer, an interval around it from the
     bootstrap, and scipy's p-value of two fully separated samples (to the 3 digits kept)."""
