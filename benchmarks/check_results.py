@@ -130,6 +130,17 @@ def reproduction(old: Path, new: Path) -> tuple[int, list[str]]:
     return len(common), differ
 
 
+def defaults_line(old: Path, new: Path) -> str:
+    """Whether both files ran with the same defaults, by their digests (docs/fair-comparison.md, rule 5)."""
+    digests = [json.loads(p.read_text()).get("compare", {}).get("provenance", {}).get("defaults_digest")
+               for p in (old, new)]
+    if None in digests:
+        return "defaults: a file records no digest"
+    if digests[0] == digests[1]:
+        return f"defaults: the same (digest {digests[0]})"
+    return f"defaults changed: digest {digests[0]} -> {digests[1]}"
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--reproduces"]:
         if len(argv) != 3:
@@ -138,6 +149,7 @@ def main(argv: list[str]) -> int:
         common, differ = reproduction(Path(argv[1]), Path(argv[2]))
         for line in differ:
             print(line)
+        print(defaults_line(Path(argv[1]), Path(argv[2])))
         print(f"{common - len(differ)} of the {common} runs both files made give the same numbers")
         return 1 if differ else 0
     paths = [Path(a) for a in argv] or study_files()

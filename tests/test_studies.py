@@ -172,6 +172,11 @@ def test_a_study_rerun_is_compared_run_by_run_with_the_version_before(tmp_path):
     assert common == len(check_results.run_results(old)) > 100
     assert len(differ) == 1 and differ[0].startswith(old["compare"]["rows"][0]["seeds"][3]["run_dir"])
     assert check_results.main(["--reproduces", str(paths[0]), str(paths[0])]) == 0
+    digest = old["compare"]["provenance"]["defaults_digest"]
+    assert check_results.defaults_line(*paths) == f"defaults: the same (digest {digest})"
+    new["compare"]["provenance"]["defaults_digest"] = "0" * 16
+    paths[1].write_text(json.dumps(new))
+    assert check_results.defaults_line(*paths) == f"defaults changed: digest {digest} -> {'0' * 16}"
 
 
 def test_a_signal_run_is_kept_as_a_run_folder_and_read_back_instead_of_run_again(tmp_path):
