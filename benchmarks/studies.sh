@@ -89,7 +89,14 @@ if [[ "${1:-}" == "--list" ]]; then
   printf '%s\n' "${STUDIES[@]}"
   exit 0
 fi
-if [[ "${1:-}" == "--status" ]]; then  # how far each queued study is: its script's --list line, then a total
+if [[ "${1:-}" == "--status" ]]; then  # whether the queue runs, how far each study is, then a total
+  if group=$(queue_group); then
+    paused=$(ps -eo pgid=,stat= | awk -v g="$group" '$1 == g && $2 ~ /^T/ { n++ } END { print n + 0 }')
+    echo "queue: running at $(git -C "$WORKTREE" rev-parse --short HEAD) in $WORKTREE (process group $group$(
+      [[ $paused -gt 0 ]] && echo ", paused"))"
+  else
+    echo "queue: not running from $WORKTREE (--start starts it)"
+  fi
   for study in "${STUDIES[@]}"; do
     read -r script name <<< "$study"
     PYTHONPATH=src "$PYTHON" "benchmarks/$script" --list | grep "^$name: " || echo "$name: (no progress line)"
