@@ -74,6 +74,7 @@ def test_the_queue_starts_in_a_worktree_pauses_goes_on_and_stops_as_one_process_
     --pause stops every process of it, --continue lets them go on, --stop ends them, packs the runs (the
     stand-in records the call) and removes the worktree; a second --start while one runs is refused."""
     import time
+    from collections.abc import Callable
 
     log, fake, worktree = tmp_path / "calls", tmp_path / "python", tmp_path / "queue"
     fake.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\ncase \"$*\" in *save*) exit 0;; esac\nexec sleep 60\n")
@@ -89,6 +90,13 @@ def test_the_queue_starts_in_a_worktree_pauses_goes_on_and_stops_as_one_process_
         ps = subprocess.run(["ps", "-eo", "pgid=,stat="], capture_output=True, text=True, check=True).stdout
         return {stat[0] for pgid, stat in (line.split() for line in ps.splitlines()) if int(pgid) == group}
 
+    def settled(group: int, done: Callable[[set[str]], bool]) -> bool:  # a signal takes effect a moment later
+        for _ in range(50):
+            if done(states(group)):
+                return True
+            time.sleep(0.1)
+        return False
+
     assert studies("--start").returncode == 0
     try:
         group = int((worktree / ".queue.pgid").read_text())
@@ -99,12 +107,12 @@ def test_the_queue_starts_in_a_worktree_pauses_goes_on_and_stops_as_one_process_
         assert (worktree / "benchmarks" / "studies.sh").is_file() and (worktree / "runs" / "evidence").is_symlink()
         again = studies("--start")
         assert again.returncode == 2 and again.stderr.startswith("error: the queue already runs")
-        assert studies("--pause").returncode == 0 and states(group) == {"T"}
-        assert studies("--continue").returncode == 0 and "T" not in states(group)
+        assert studies("--pause").returncode == 0 and settled(group, lambda s: s == {"T"}), states(group)
+        assert studies("--continue").returncode == 0 and settled(group, lambda s: "T" not in s), states(group)
     finally:
         stopped = studies("--stop")
     assert stopped.returncode == 0, stopped.stderr
-    assert states(group) <= {"Z"} and not worktree.exists()
+    assert settled(group, lambda s: s <= {"Z"}) and not worktree.exists()
     assert log.read_text().splitlines() == ["benchmarks/run_archive.py restore", "benchmarks/run_archive.py save"]
 
 
