@@ -100,10 +100,11 @@ def test_the_queue_starts_in_a_worktree_pauses_goes_on_and_stops_as_one_process_
     assert studies("--start").returncode == 0
     try:
         group = int((worktree / ".queue.pgid").read_text())
-        for _ in range(50):  # the queue's first call (unpacking the archive) is the sleeping stand-in
+        for _ in range(300):  # the queue's first call (unpacking the archive) is the sleeping stand-in
             if log.exists():
                 break
             time.sleep(0.1)
+        assert log.exists(), "the queue never called its Python"
         assert (worktree / "benchmarks" / "studies.sh").is_file() and (worktree / "runs" / "evidence").is_symlink()
         again = studies("--start")
         assert again.returncode == 2 and again.stderr.startswith("error: the queue already runs")
