@@ -120,9 +120,9 @@ class ActorSetup:
         """What a group server for group ``index`` is built from (GroupServer.__init__)."""
         c, b = self.cfg.cluster, self.cfg.backend
         peer_link = Link(c.latency_ms / 1e3, c.server_gbps * 1e9, c.emulate)
-        return (index, self.strategy.server_optimizer, self._weight(),
-                self.cfg.sync.gssp.exchange_every, peer_link, actor_threads(b.cpus_per_server), self.strategy.outer_step,
-                self.strategy.balancer(self.cfg.cluster.total_workers), self.cfg.sync.balance, self.cfg.balance.deadline)
+        return (index, self.strategy.server_optimizer, self._weight(), self.cfg.sync.gssp.exchange_every, peer_link,
+                actor_threads(b.cpus_per_server), self.strategy.outer_step,
+                self.strategy.balancer(c.total_workers), self.cfg.sync.balance, self.cfg.balance.deadline)
 
     def _server_options(self) -> dict[str, Any]:
         return {"num_cpus": self.cfg.backend.cpus_per_server, "max_concurrency": 10_000}
