@@ -124,8 +124,8 @@ def dry_run(cfg: Config) -> list[str]:
 
 def _periodic_plan(strategy: Strategy, schedule: PeriodicSchedule, workers: int) -> str:
     """Local SGD's (DiLoCo's) plan in one line, with the periods the server's policy decides (AdaComm's shrink)."""
-    values = sum(s.numel for s in strategy.layout)
     if strategy.balance == "steps":
+        values = sum(s.numel for s in strategy.layout)
         return (f"every tensor ({values:,} values) averaged after each worker's own local steps "
                 f"({strategy.scheme.local_steps(strategy.cfg.sync)} x {workers} a period in all, split by speed)")
     schedule.follow(strategy.policy(range(workers)))

@@ -14,7 +14,7 @@ from shoal.config import Config
 from shoal.report.protocol import Protocol
 from shoal.report.rows import add_significance, add_speedups, seeds_row, single_row
 from shoal.report.schemes import Scheme
-from shoal.report.tuning import edge_margins, grid_edges
+from shoal.report.tuning import edge_margins
 
 
 def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], protocol: Protocol, command: str,
@@ -85,17 +85,17 @@ def tuning_warnings(rows: list[dict[str, Any]], grids: dict[str, dict[str, list[
     """Schemes that kept the smallest or largest value of a grid: their best may lie beyond it."""
     warnings = []
     for row in rows:
-        margins = {m["key"]: m for m in edge_margins(row, grids)}
-        for key, value, side in grid_edges(grids.get(row["scheme"], {}), row.get("tuned") or {}):
-            warnings.append(f"tuning: {row['scheme']} kept {key} = {value}, the {side} value of its grid "
-                            f"{grids[row['scheme']][key]}{_margin_words(margins.get(key))}: its best may lie "
-                            "beyond the grid; widen it (and every other scheme's by as many points)")
+        for m in edge_margins(row, grids):
+            side = "smallest" if m["kept"] < m["next"] else "largest"  # the next value in lies on the grid's side
+            warnings.append(f"tuning: {row['scheme']} kept {m['key']} = {m['kept']}, the {side} value of its "
+                            f"grid {grids[row['scheme']][m['key']]}{_margin_words(m)}: its best may lie beyond the "
+                            "grid; widen it (and every other scheme's by as many points)")
     return warnings
 
 
-def _margin_words(margin: dict[str, Any] | None) -> str:
+def _margin_words(margin: dict[str, Any]) -> str:
     """The kept end against the next value in, on the development seeds (empty without a tuning record)."""
-    if margin is None or margin["kept_s"] is None:
+    if margin["kept_s"] is None:
         return ""
     other = "never" if margin["next_s"] is None else f"{margin['next_s']:.4g} s"
     return f" (median time to target on the development seeds {margin['kept_s']:.4g} s; {margin['next']}: {other})"

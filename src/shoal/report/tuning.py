@@ -86,17 +86,19 @@ def edge_margins(row: dict[str, Any], grids: dict[str, dict[str, list[Any]]]) ->
     """
     grid = grids.get(row["scheme"], {})
     kept = row.get("tuned") or {}
-    def same(point: dict[str, Any]) -> str:  # a point whatever the order of its keys
-        return point_label(dict(sorted(point.items())))
-
-    by_point = {same(e["point"]): e.get("median_time_to_target_s") for e in row.get("tuning") or []}
+    by_point = {_unordered(e["point"]): e.get("median_time_to_target_s") for e in row.get("tuning") or []}
     margins = []
     for key, value, side in grid_edges(grid, kept):
         values = sorted(v for v in grid[key] if isinstance(v, (int, float)) and not isinstance(v, bool))
         neighbour = values[1] if side == "smallest" else values[-2]
-        margins.append({"key": key, "kept": value, "kept_s": by_point.get(same(kept)), "next": neighbour,
-                        "next_s": by_point.get(same({**kept, key: neighbour}))})
+        margins.append({"key": key, "kept": value, "kept_s": by_point.get(_unordered(kept)), "next": neighbour,
+                        "next_s": by_point.get(_unordered({**kept, key: neighbour}))})
     return margins
+
+
+def _unordered(point: dict[str, Any]) -> str:
+    """A grid point's label whatever the order of its keys."""
+    return point_label(dict(sorted(point.items())))
 
 
 def median_time(times: Sequence[float | None]) -> float | None:
