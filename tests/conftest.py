@@ -12,8 +12,9 @@ from shoal.config import Config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: test files whose every test starts a real Ray instance (marked ``ray``: run one at a time, after the rest)
-RAY_FILES = {"test_ray_backend.py"}
+#: test files whose every test runs on a real Ray instance (marked ``ray``: run one at a time, after the rest);
+#: the ray backend's parts that need no Ray instance are tested in test_ray_parts.py, with the rest of the suite
+RAY_FILES = {"test_ray_training.py", "test_ray_faults.py"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -36,6 +37,23 @@ FAST = [
     "run.eval_every_s=0.25",
     "run.target_accuracy=0.9",
 ]
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One embedded Ray for every ray test (as shoal starts it), with idle actors kept between runs (ActorPool):
+    most runs then cost a second or two instead of starting processes and importing torch again."""
+    ray = pytest.importorskip("ray")
+    from shoal.backends.ray.session import ActorPool, start_local_ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    start_local_ray(2)
+    ActorPool.enabled = True
+    yield
+    ActorPool.clear()
+    ActorPool.enabled = False
+    ray.shutdown()
 
 
 @pytest.fixture
