@@ -31,6 +31,7 @@ from conftest import FAST, ROOT, default_sigint, read_jsonl  # noqa: E402
 from ray_support import RAY, SERVER_PATH, descendants, ray_config, run_backend  # noqa: E402
 
 
+@pytest.mark.timeout(120)  # a hang fails the test with its stack instead of blocking the suite
 def test_killed_worker_is_dropped_and_training_goes_on(ray_session):
     """SIGKILL a worker mid-run under BSP: the barrier releases, the failure is recorded, no hang."""
     killed: dict[str, float] = {}
@@ -40,14 +41,10 @@ def test_killed_worker_is_dropped_and_training_goes_on(ray_session):
             os.kill(backend.pids[1], signal.SIGKILL)
             killed["t"] = info["t"]
 
-    signal.alarm(120)  # the bound: a hang fails the test instead of blocking the suite
-    try:
-        stream = io.StringIO()
-        start = time.monotonic()
-        _, summary = run_backend(ray_config("run.target_accuracy=0.99", "run.max_time_s=4", SERVER_PATH), kill, stream)
-        wall = time.monotonic() - start
-    finally:
-        signal.alarm(0)
+    stream = io.StringIO()
+    start = time.monotonic()
+    _, summary = run_backend(ray_config("run.target_accuracy=0.99", "run.max_time_s=4", SERVER_PATH), kill, stream)
+    wall = time.monotonic() - start
     assert killed and summary["stop_reason"] == "time_budget" and wall < 60
     assert [f["worker"] for f in summary["failures"]] == [1] and not summary["failures"][0]["restarted"], summary["failures"]
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
@@ -57,6 +54,7 @@ def test_killed_worker_is_dropped_and_training_goes_on(ray_session):
     assert len(after) > 12  # the three survivors kept doing BSP rounds without worker 1
 
 
+@pytest.mark.timeout(120)  # a hang fails the test with its stack instead of blocking the suite
 def test_a_stopped_worker_is_evicted_within_the_timeout_and_rejoins_when_it_answers_again(ray_session):
     """SIGSTOP a worker under BSP: evicted after worker_timeout_s (no hang); SIGCONT: it rejoins and trains."""
     stopped: dict[str, float] = {}
@@ -69,14 +67,10 @@ def test_a_stopped_worker_is_evicted_within_the_timeout_and_rejoins_when_it_answ
             os.kill(backend.pids[1], signal.SIGCONT)
             stopped["cont"] = info["t"]
 
-    signal.alarm(120)
-    try:
-        stream = io.StringIO()
-        cfg = ray_config("optimizer.lr=0.02", "run.target_accuracy=0.9", "run.stop_at_target=false",
-                         "run.max_time_s=9", "backend.worker_timeout_s=2", SERVER_PATH)
-        _, summary = run_backend(cfg, stop, stream)
-    finally:
-        signal.alarm(0)
+    stream = io.StringIO()
+    cfg = ray_config("optimizer.lr=0.02", "run.target_accuracy=0.9", "run.stop_at_target=false",
+                     "run.max_time_s=9", "backend.worker_timeout_s=2", SERVER_PATH)
+    _, summary = run_backend(cfg, stop, stream)
     assert summary["time_to_target_s"] is not None  # the run reached its target through it all
     assert stopped and [f["worker"] for f in summary["failures"]] == [1], summary["failures"]
     failure = summary["failures"][0]
@@ -121,19 +115,16 @@ def _kill_server_when(group: int, ready) -> tuple[dict, callable]:
     return killed, kill
 
 
+@pytest.mark.timeout(150)  # a hang fails the test with its stack instead of blocking the suite
 def test_a_killed_bsp_server_is_replaced_from_the_checkpoint_and_the_run_reaches_its_target(ray_session, tmp_path):
     """kill -9 the only server under BSP: rebuilt from the newest saved state, the run goes on to its target."""
     killed, kill = _kill_server_when(0, lambda b, info: info["iterations"] >= 40 and b.last_checkpoint)
-    signal.alarm(150)
-    try:
-        stream = io.StringIO()
-        cfg = ray_config("optimizer.lr=0.02", "run.target_accuracy=0.85", "run.max_time_s=40",
-                         "backend.checkpoint_every_s=0.3", SERVER_PATH)
-        backend = RayBackend(build_setup(cfg), RunRecorder(stream=stream), lambda info: kill(backend, info),
-                             out=tmp_path)
-        summary = backend.run()
-    finally:
-        signal.alarm(0)
+    stream = io.StringIO()
+    cfg = ray_config("optimizer.lr=0.02", "run.target_accuracy=0.85", "run.max_time_s=40",
+                     "backend.checkpoint_every_s=0.3", SERVER_PATH)
+    backend = RayBackend(build_setup(cfg), RunRecorder(stream=stream), lambda info: kill(backend, info),
+                         out=tmp_path)
+    summary = backend.run()
     assert killed and summary["stop_reason"] == "target_reached", summary["failures"]
     [failure] = summary["failures"]
     assert failure["server"] == 0 and failure["recovered"] and "worker" not in failure
@@ -147,6 +138,7 @@ def test_a_killed_bsp_server_is_replaced_from_the_checkpoint_and_the_run_reaches
     assert not any(e["event"] == "worker_failed" for e in events)  # nobody blames a worker
 
 
+@pytest.mark.timeout(150)  # a hang fails the test with its stack instead of blocking the suite
 def test_a_server_killed_before_handing_out_its_evaluated_state_is_replaced_from_the_checkpoint(
         ray_session, tmp_path, monkeypatch):
     """kill -9 the server right after an evaluation asked for its state: that state never existed, so it must not
@@ -163,29 +155,22 @@ def test_a_server_killed_before_handing_out_its_evaluated_state_is_replaced_from
             os.kill(pid, signal.SIGKILL)
 
     monkeypatch.setattr(RayBackend, "_submit_evaluation", submit_then_kill)
-    signal.alarm(150)
-    try:
-        cfg = ray_config("optimizer.lr=0.02", "run.target_accuracy=0.85", "run.max_time_s=40", "run.eval_every_s=0.5",
-                         "backend.checkpoint_every_s=0.3", SERVER_PATH)
-        summary = RayBackend(build_setup(cfg), RunRecorder(stream=io.StringIO()), lambda info: None, out=tmp_path).run()
-    finally:
-        signal.alarm(0)
+    cfg = ray_config("optimizer.lr=0.02", "run.target_accuracy=0.85", "run.max_time_s=40", "run.eval_every_s=0.5",
+                     "backend.checkpoint_every_s=0.3", SERVER_PATH)
+    summary = RayBackend(build_setup(cfg), RunRecorder(stream=io.StringIO()), lambda info: None, out=tmp_path).run()
     assert killed and summary["stop_reason"] == "target_reached", summary["failures"]
     [failure] = summary["failures"]
     assert failure["recovered_from"].startswith(("checkpoint ckpt-", "the state evaluated at")), failure
 
 
+@pytest.mark.timeout(150)  # a hang fails the test with its stack instead of blocking the suite
 def test_a_killed_gssp_group_server_is_replaced_from_a_peer_replica(ray_session):
     """kill -9 one of two GSSP group servers: a warm standby takes over from the other group's replica."""
     killed, kill = _kill_server_when(1, lambda b, info: b.gssp.grouped and info["iterations"] >= 60)
-    signal.alarm(150)
-    try:
-        stream = io.StringIO()
-        cfg = ray_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.target_accuracy=0.85",
-                         "run.stop_at_target=false", "run.max_time_s=10", "backend.standby_servers=1")
-        _, summary = run_backend(cfg, kill, stream)
-    finally:
-        signal.alarm(0)
+    stream = io.StringIO()
+    cfg = ray_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.target_accuracy=0.85",
+                     "run.stop_at_target=false", "run.max_time_s=10", "backend.standby_servers=1")
+    _, summary = run_backend(cfg, kill, stream)
     assert killed and summary["stop_reason"] == "time_budget" and summary["time_to_target_s"], summary["failures"]
     [failure] = summary["failures"]
     assert failure["server"] == 1 and failure["recovered_from"] == "group 0's replica"
@@ -197,17 +182,14 @@ def test_a_killed_gssp_group_server_is_replaced_from_a_peer_replica(ray_session)
     assert summary["exchanges"] > 0
 
 
+@pytest.mark.timeout(150)  # a hang fails the test with its stack instead of blocking the suite
 def test_two_workers_added_mid_run_train_and_gssp_places_them_by_speed(ray_session):
     """cluster.membership on ray: a 1x and a 4x worker join at 1.5 s; worker 1 leaves at 4 s."""
-    signal.alarm(150)
-    try:
-        stream = io.StringIO()
-        cfg = ray_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.stop_at_target=false",
-                         "run.max_time_s=14",
-                         "cluster.membership=[{at_s=1.5, add=2, speeds=[1, 4]}, {at_s=4, remove=[1]}]")
-        _, summary = run_backend(cfg, None, stream)
-    finally:
-        signal.alarm(0)
+    stream = io.StringIO()
+    cfg = ray_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.stop_at_target=false",
+                     "run.max_time_s=14",
+                     "cluster.membership=[{at_s=1.5, add=2, speeds=[1, 4]}, {at_s=4, remove=[1]}]")
+    _, summary = run_backend(cfg, None, stream)
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     joined = {e["worker"]: e for e in events if e["event"] == "worker_joined"}
     assert sorted(joined) == [4, 5] and all(e["t"] >= 1.5 for e in joined.values())
@@ -316,6 +298,7 @@ def test_a_cluster_that_cannot_hold_the_run_fails_fast_in_one_line_and_keeps_not
         ray.util.remove_placement_group(other_job)
 
 
+@pytest.mark.timeout(150)  # a hang fails the test with its stack instead of blocking the suite
 @pytest.mark.ends_kept_actors
 def test_reserved_actors_train_and_a_restarted_worker_takes_its_predecessors_bundle(ray_session, monkeypatch):
     """4 x 0.4 + 0.2 of 2 CPUs are reserved: 0.2 stay free, so the restart fits only in the dead worker's
@@ -329,11 +312,7 @@ def test_reserved_actors_train_and_a_restarted_worker_takes_its_predecessors_bun
             seen.extend(pg for pg in ray.util.placement_group_table().values() if pg["state"] == "CREATED")
             backend.workers[1].fail_next.remote()
 
-    signal.alarm(150)
-    try:
-        _, summary = run_backend(ray_config("backend.cpus_per_worker=0.4", "backend.max_restarts=1"), fail)
-    finally:
-        signal.alarm(0)
+    _, summary = run_backend(ray_config("backend.cpus_per_worker=0.4", "backend.max_restarts=1"), fail)
     assert summary["stop_reason"] == "target_reached" and summary["restarts"] == 1
     assert len(seen) == 1 and len(seen[0]["bundles"]) == 5 and seen[0]["strategy"] == "PACK"
     assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
