@@ -12,8 +12,9 @@ each scheme sends and what that costs in time:
   the least similar fragment first and with fragments of whole tensors, and
   SIM on BSP (study ``lm-1g``);
 - on the BN image workload (``shapes-1g``, about twice the cost per run):
-  BSP, local SGD, DiLoCo, Streaming DiLoCo and SIM, the schemes of the
-  questions asked on both workloads.
+  BSP, local SGD, post-local SGD, AdaComm, DiLoCo, Streaming DiLoCo and SIM,
+  the schemes of the questions asked on both workloads (issue 40 asks
+  whether post-local or AdaComm beats fixed H on either of the two).
 
 The answers, on the evaluation seeds:
 
@@ -67,9 +68,10 @@ STUDIES: dict[str, dict[str, Any]] = {
     "lm-1g": {**LM, "sets": LM["sets"] + ONE_GBIT, "schemes": SCHEMES, "folder": "lowcomm-lm-1g",
               "title": "byte transformer on the stdlib, 16 equal workers, 1 Gbit/s links and server"},
     # the image workload costs about twice the transformer's per run here: the questions asked on both
-    # workloads only (SIM against the low-communication schemes, Streaming DiLoCo against BSP and DiLoCo)
+    # workloads only (SIM against the low-communication schemes, Streaming DiLoCo against BSP and DiLoCo,
+    # post-local and AdaComm against fixed H)
     "shapes-1g": {**SHAPES, "sets": SHAPES["sets"] + ONE_GBIT, "folder": "lowcomm-shapes-1g",
-                  "schemes": f"bsp,localsgd,diloco,{STREAMING},bsp+sim",
+                  "schemes": f"bsp,localsgd,{POST_LOCAL},{ADACOMM},diloco,{STREAMING},bsp+sim",
                   "title": "BN ResNet-18 (width 16) on shapes, 16 equal workers, 1 Gbit/s links and server"},
 }
 

@@ -203,11 +203,11 @@ def test_a_signal_run_is_kept_as_a_run_folder_and_read_back_instead_of_run_again
 
 
 def test_the_low_communication_answers_and_report_are_written_for_every_row_the_study_runs(tmp_path):
-    """The end of lowcomm.py lm-1g (after hours of runs, and the queue stops if it fails): its answers and report
-    from the committed result with a row of whole-tensor fragments added, and each fp4 run's evaluations."""
+    """The end of a lowcomm.py study (after hours of runs, and the queue stops if it fails): lm-1g's answers and
+    report from its committed result (every row, whole-tensor fragments included) and constructed evaluations of
+    each fp4 run."""
     result = json.loads((check_results.RESULTS / "lowcomm-lm-1g.json").read_text())["compare"]
-    streaming = next(r for r in result["rows"] if r["scheme"] == lowcomm.STREAMING)
-    result["rows"].append({**streaming, "scheme": lowcomm.WHOLE, "peak_push_bytes": 148736})
+    assert lowcomm.WHOLE in {r["scheme"] for r in result["rows"]}
     # each fp4 run was at 3.3 when its float32 twin reached the target; the float32 run was at 3.0, then 2.75
     evals = {lowcomm.FP4: [(1.0, 3.3), (1e9, 2.0)], lowcomm.STREAMING: [(0.5, 3.0), (1.0, 2.75), (1e9, 1.0)]}
     for row in result["rows"]:
@@ -216,7 +216,7 @@ def test_the_low_communication_answers_and_report_are_written_for_every_row_the_
             (tmp_path / seed["run_dir"] / "metrics.jsonl").write_text("".join(
                 json.dumps({"event": "eval", "t": t, "value": v}) + "\n" for t, v in evals[row["scheme"]]))
     answers = lowcomm.answers_of(result, tmp_path)
-    assert answers["split_vs_whole_tensors"]["speedup"]["value"] == 1.0
+    assert answers["split_vs_whole_tensors"]["speedup"]["value"] == 1.0  # the same median time (p = 1)
     assert answers["peak_upload_whole_vs_diloco"]["ratio"] == round(148736 / 548864, 4)
     fp4 = answers["fp4_at_target"]
     assert fp4["median"] == 0.1 and fp4["vs_base"]["median"] == 0.2 and len(fp4["vs_base"]["per_seed"]) == 10
@@ -229,22 +229,25 @@ def test_the_low_communication_answers_and_report_are_written_for_every_row_the_
     assert f"**Pareto front** (medians: no other scheme reaches the target both sooner and with fewer bytes; " \
            f"every seed in `-pareto.png` beside the results file): `{lowcomm.FP4}`." in text
     assert lowcomm.draw_front(result, tmp_path / "front.png").stat().st_size > 10_000
-    # the issue's targets on the committed medians: bytes and time met; the whole-tensor peak and (with the
-    # constructed evaluations) fp4's cost not
-    assert [t["met"] for t in answers["issue_targets"]] == [True, True, False, False]
+    # the issue's targets on the committed medians: bytes, time and peak (cut tensors: 1/4 exactly) met; with the
+    # constructed evaluations (fp4 20% above float32 at the target) fp4's cost not
+    assert [t["met"] for t in answers["issue_targets"]] == [True, True, True, False]
     assert answers["issue_targets"][0]["measured"] == answers["fp4_bytes_vs_bsp"]["fewer_x"] > 100
-    assert "**Issue 40, peak upload per worker at most 1/4 of DiLoCo's**: **not met** (measured: 0.271)." in text
+    assert "**Issue 40, peak upload per worker at most 1/4 of DiLoCo's**: met (measured: 0.25)." in text
+    assert "**Issue 40, fp4 costs at most 1% of the metric at the target against float32 (median)**: **not met**" \
+        in text
     assert "**Issue 40, fp4: median time to target no later than tuned DiLoCo's**: met (measured: 15.6 s against " \
            "23.3 s, p = " in text
 
 
 def test_the_image_studys_subset_of_schemes_gets_its_answers_too(tmp_path):
-    """shapes-1g runs five schemes: the answers that need the others are left out, not failed."""
+    """shapes-1g runs seven schemes: the answers that need the others are left out, not failed."""
     result = json.loads((check_results.RESULTS / "lowcomm-lm-1g.json").read_text())["compare"]
     kept = set(lowcomm.STUDIES["shapes-1g"]["schemes"].split(","))
     result["rows"] = [r for r in result["rows"] if r["scheme"] in kept]
     answers = lowcomm.answers_of(result, tmp_path)
-    assert {"fp4_at_target", "split_vs_whole_tensors", "post_local_vs_localsgd", "issue_targets"}.isdisjoint(answers)
+    assert {"fp4_at_target", "split_vs_whole_tensors", "issue_targets"}.isdisjoint(answers)
+    assert {"post_local_vs_localsgd", "adacomm_vs_localsgd"} <= set(answers)  # asked on both workloads
     assert answers["sim_vs_best_low_comm"]["base"] == lowcomm.STREAMING
     assert "SIM against the best low-communication scheme" in lowcomm.report(
         "shapes-1g", lowcomm.STUDIES["shapes-1g"], result, answers)
