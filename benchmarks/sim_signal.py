@@ -87,15 +87,24 @@ def list_progress(steps: int) -> None:
 
 
 def measure_missing(workload: str, grid: list[Config], steps: int, folder: Path, jobs: int, resume: bool) -> None:
-    """Run every configuration (with ``resume``: those without a finished run), ``jobs`` at a time."""
+    """Run every configuration (with ``resume``: those without a finished run), ``jobs`` at a time. A file
+    FOLDER/STOP (``studies.sh --drain``) starts no more runs; those in flight finish, then it exits 130."""
+    from shoal.comparison import STOP_FILE
+
+    (folder / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier pass is spent
     todo = [c for c in grid if not (resume and finished_events(run_folder(folder, c), steps) is not None)]
     if not todo:
         return
     with ProcessPoolExecutor(max(1, jobs), mp_context=get_context("spawn")) as pool:
         runs = pool.map(measure, [workload] * len(todo), todo, [steps] * len(todo),
                         [run_folder(folder, c) for c in todo])
-        for config, _ in zip(todo, runs):
-            print(f"measured {workload} {config}", flush=True)
+        measured = [config for config, run in zip(todo, runs) if run is not None]
+    for config in measured:
+        print(f"measured {workload} {config}", flush=True)
+    if len(measured) < len(todo):
+        print(f"sim-signal-{workload}: stopped after the runs in flight; {len(measured)} of {len(todo)} measured, "
+              "--resume goes on", file=sys.stderr)
+        raise SystemExit(130)
 
 
 def row_of(spec: dict[str, Any], config: Config, events: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -133,10 +142,14 @@ def signal_config(workload: str, config: Config, steps: int) -> Any:
         f"run.max_iterations={steps * workers}", f"run.eval_every_iterations={steps * workers}"])
 
 
-def measure(workload: str, config: Config, steps: int, out: Path) -> Path:
-    """Run one configuration into ``out`` (replacing an unfinished run there)."""
+def measure(workload: str, config: Config, steps: int, out: Path) -> Path | None:
+    """Run one configuration into ``out`` (replacing an unfinished run there); None, without running it, once
+    the study's folder holds STOP."""
+    from shoal.comparison import STOP_FILE
     from shoal.runner import train
 
+    if (out.parent / STOP_FILE).exists():
+        return None
     out.parent.mkdir(parents=True, exist_ok=True)
     train(signal_config(workload, config, steps), out, overwrite=True)
     return out

@@ -7,6 +7,7 @@
 #   benchmarks/studies.sh --start      # in the background, from a worktree of HEAD (edit main meanwhile)
 #   benchmarks/studies.sh --pause      # stop the queue's processes for a while (timing tests, CI) ...
 #   benchmarks/studies.sh --continue   # ... and let them go on
+#   benchmarks/studies.sh --drain      # start no more runs: the queue ends when the runs in flight have finished
 #   benchmarks/studies.sh --stop       # end the queue, pack the finished runs, remove the worktree
 #   benchmarks/studies.sh --list       # what it would run, in order
 #   benchmarks/studies.sh --status     # how many runs of each are done
@@ -72,6 +73,11 @@ case "${1:-}" in
     group=$(queue_group) || { echo "error: no queue runs from $WORKTREE" >&2; exit 2; }
     kill "-$([[ "$1" == --pause ]] && echo STOP || echo CONT)" -- "-$group"
     echo "queue ${1#--}d (process group $group)"
+    exit 0 ;;
+  --drain)  # each study folder's STOP: its comparison starts no more runs, lets those in flight end, exits 130
+    group=$(queue_group) || { echo "error: no queue runs from $WORKTREE" >&2; exit 2; }
+    for folder in runs/evidence/*/; do touch "$folder/STOP"; done
+    echo "queue drains (process group $group): no run starts, it ends when the runs in flight have; then --stop"
     exit 0 ;;
   --stop)
     if group=$(queue_group); then

@@ -285,6 +285,44 @@ def test_parallel_jobs_give_the_same_rows_and_resume_runs_only_what_is_missing(t
     assert changed.exit_code == 0 and kept.stat().st_mtime_ns != before  # another config: every run again
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_stop_file_ends_the_comparison_after_the_runs_in_flight_and_resume_goes_on(tmp_path, jobs):
+    """OUT/STOP, made while the first runs train: they finish (none is cut short), no other run starts, compare.json
+    lists them marked interrupted, exit 130; --resume removes the file, keeps them and runs the rest."""
+    import threading
+    import time
+
+    out = tmp_path / "cmp"
+    args = ["compare", *_sets("run.max_time_s=1.0", "run.stop_at_target=false"), "--schemes", "bsp,asp,ssp", "-q",
+            "--jobs", jobs, "--out", str(out)]
+
+    def stop_once_a_run_trains():
+        deadline = time.monotonic() + 120
+        while not list(out.glob("*/metrics.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (out / "STOP").touch()
+
+    stopper = threading.Thread(target=stop_once_a_run_trains)
+    stopper.start()
+    stopped = CliRunner().invoke(app, args)
+    stopper.join()
+    assert stopped.exit_code == 130, stopped.output
+    assert "stopped as" in stopped.output and "cut short: none in flight" in stopped.output
+    finished = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/summary.json")}
+    assert "ssp" not in finished and 1 <= len(finished) <= int(jobs), finished.keys()
+    assert all(s["stop_reason"] == "time_budget" for s in finished.values())  # each ran to its end
+    result = json.loads((out / "compare.json").read_text())
+    assert result["interrupted"] is True and {r["scheme"] for r in result["rows"]} == set(finished)
+    kept = {name: (out / name / "summary.json").stat().st_mtime_ns for name in finished}
+    resumed = CliRunner().invoke(app, [*args, "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert not (out / "STOP").exists() and "interrupted" not in json.loads((out / "compare.json").read_text())
+    assert {name: (out / name / "summary.json").stat().st_mtime_ns for name in finished} == kept
+    assert (out / "ssp" / "summary.json").exists()
+
+
 def test_a_time_to_target_spanning_fewer_than_twenty_evaluations_is_warned_about():
     from shoal.comparison import resolution_warnings
     from shoal.config import load_config

@@ -117,6 +117,48 @@ def test_the_queue_starts_in_a_worktree_pauses_goes_on_and_stops_as_one_process_
     assert log.read_text().splitlines() == ["benchmarks/run_archive.py restore", "benchmarks/run_archive.py save"]
 
 
+def test_a_drain_asks_every_study_folder_to_start_no_more_runs(tmp_path):
+    """--drain in a scratch repository (its own runs/evidence, so no real study is touched): every study folder gets
+    STOP, which each comparison reads when a run ends (tests/test_compare.py); without a queue it is refused."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    (repo / "benchmarks").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks" / "studies.sh", repo / "benchmarks")
+    for folder in ("lowcomm-shapes-1g", "sim-signal-shapes"):
+        (repo / "runs" / "evidence" / folder).mkdir(parents=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
+    subprocess.run([*git, "add", "benchmarks"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "queue"], cwd=repo, check=True)
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\ncase \"$*\" in *save*) exit 0;; esac\nexec sleep 60\n")
+    fake.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "STUDIES_WORKTREE": str(tmp_path / "queue"),
+           "STUDIES_LOG": str(tmp_path / "queue.log")}
+
+    def studies(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "benchmarks/studies.sh", *args], capture_output=True, text=True, timeout=60,
+                              env=env, cwd=repo)
+
+    refused = studies("--drain")
+    assert refused.returncode == 2 and refused.stderr.startswith("error: no queue runs")
+    assert studies("--start").returncode == 0
+    try:
+        drained = studies("--drain")
+    finally:
+        assert studies("--stop").returncode == 0
+    assert drained.returncode == 0 and "ends when the runs in flight have" in drained.stdout
+    assert sorted(p.parent.name for p in (repo / "runs" / "evidence").glob("*/STOP")) == [
+        "lowcomm-shapes-1g", "sim-signal-shapes"]
+
+
+def test_a_signal_run_is_not_started_once_its_folder_holds_stop(tmp_path):
+    (tmp_path / "STOP").touch()
+    assert sim_signal.measure("lm", (2, 4, "iid"), 3, tmp_path / "w2-b4-iid") is None
+    assert not (tmp_path / "w2-b4-iid").exists()
+
+
 def test_a_byte_ratio_carries_its_interval_and_p_value():
     """Ten seeds each, ``mine`` moving a tenth of ``base``'s bytes: 10x fewer, an interval around it from the
     bootstrap, and scipy's p-value of two fully separated samples (to the 3 digits kept)."""

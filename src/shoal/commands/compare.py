@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shoal.commands.common import backend_override, user_errors_exit_2
-from shoal.comparison import Interrupted, command_line, run_comparison
+from shoal.comparison import STOP_FILE, Interrupted, command_line, run_comparison
 from shoal.report.schemes import bases
 
 # the compressors' names would import torch with the CLI; the modifiers are named by kind here
@@ -43,7 +43,9 @@ def compare(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default runs/compare-<time>)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Write over an earlier comparison in --out."),
     resume: bool = typer.Option(False, "--resume", help="Keep the finished runs already in --out whose config is the "
-                                                        "planned one; run only the rest (an interrupted comparison)."),
+                                                        "planned one; run only the rest (an interrupted comparison). "
+                                                        "A file --out/STOP stops a comparison after its runs in "
+                                                        "flight."),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Runs at a time, each in its own process (sim results do not "
                                                      "depend on the machine's load)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display and no results table."),
@@ -58,7 +60,8 @@ def compare(
                                         tune_seeds=tune_seeds, own_knobs=own_knobs, jobs=jobs, resume=resume)
     except Interrupted as stop:
         cut = ", ".join(stop.plan[i].run_dir for i in stop.cut) or "none in flight"
-        typer.echo(f"interrupted: {len(stop.finished)} of {len(stop.plan)} runs of this phase finished; cut short: "
+        how = f"stopped as {out}/{STOP_FILE} asked, after the runs in flight" if stop.drained else "interrupted"
+        typer.echo(f"{how}: {len(stop.finished)} of {len(stop.plan)} runs of this phase finished; cut short: "
                    f"{cut}; {out}/compare.json lists what finished, marked interrupted (no report); add --resume to "
                    "go on where it stopped", err=True)
         raise typer.Exit(130) from None

@@ -14,7 +14,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from shoal.comparison.execute import Interrupted, RunsProgress, console, execute, finished_summary
+from shoal.comparison.execute import STOP_FILE, Interrupted, RunsProgress, console, execute, finished_summary
 from shoal.comparison.plan import (RUN_FILES, PlannedRun, check_backends, check_compare_dir, chosen_point,
                                    command_line, evaluation_runs, plan_runs)
 from shoal.comparison.results import build_compare, cpu_model, provenance, resolution_warnings
@@ -24,7 +24,7 @@ from shoal.report.protocol import Protocol
 from shoal.report.schemes import Scheme, parse_schemes
 from shoal.report.tuning import parse_tune
 
-__all__ = ["Interrupted", "PlannedRun", "Protocol", "RUN_FILES", "build_compare", "command_line", "cpu_model",
+__all__ = ["Interrupted", "PlannedRun", "STOP_FILE", "Protocol", "RUN_FILES", "build_compare", "command_line", "cpu_model",
            "evaluation_runs", "finished_summary", "plan_runs", "provenance", "resolution_warnings", "run_comparison"]
 
 
@@ -45,6 +45,7 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
     from shoal.runner import make_out_dir
 
     make_out_dir(out)
+    (out / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier comparison in this folder is spent
     command = command or command_line(config, schemes, seeds, overrides, None, out, tune, tune_seeds, own_knobs)
     total = len(plan) + (len(eval_dirs) if protocol.tune_seeds else 0)
     tuning: list[tuple[PlannedRun, dict[str, Any]]] = []

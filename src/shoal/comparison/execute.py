@@ -1,5 +1,6 @@
 """Running a comparison's plan: in order or ``jobs`` at a time in worker processes, reusing finished runs with
-``--resume``, on one progress display; Ctrl-C ends it as :class:`Interrupted` with what finished."""
+``--resume``, on one progress display; Ctrl-C ends it as :class:`Interrupted` with what finished, and a file
+``OUT/STOP`` ends it the same way once the runs in flight have finished (none is cut short)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,24 @@ from shoal.report.tuning import point_label
 console = Console(stderr=True)
 #: the stop reasons of a run that must run again (``--resume``): none yet, cut short, or a bug
 UNFINISHED = (None, "interrupted", "internal_error")
+#: a file of this name in a comparison's folder asks it to stop once the runs in flight have finished
+STOP_FILE = "STOP"
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C stopped a comparison: what finished (plan index -> summary), and which runs were cut short."""
+    """A comparison stopped before its end: what finished (plan index -> summary), which runs were cut short
+    (Ctrl-C), and whether it was asked to stop after the runs in flight (``OUT/STOP``: ``drained``)."""
 
-    def __init__(self, plan: list["PlannedRun"], finished: dict[int, dict[str, Any]], cut: list[int]) -> None:
+    def __init__(self, plan: list["PlannedRun"], finished: dict[int, dict[str, Any]], cut: list[int],
+                 drained: bool = False) -> None:
         super().__init__("interrupted")
-        self.plan, self.finished, self.cut = plan, finished, cut
+        self.plan, self.finished, self.cut, self.drained = plan, finished, cut, drained
+
+
+def stop_requested(out: Path) -> bool:
+    """Whether ``OUT/STOP`` asks the comparison to start no more runs (a long one ends at a run's end, not in
+    the middle of one: nothing computed is lost)."""
+    return (out / STOP_FILE).exists()
 
 
 def execute(plan: list[PlannedRun], out: Path, progress: "RunsProgress", jobs: int = 1,
@@ -47,6 +58,8 @@ def execute(plan: list[PlannedRun], out: Path, progress: "RunsProgress", jobs: i
     todo = [i for i in range(len(plan)) if i not in summaries]
     if jobs <= 1:
         for i in todo:
+            if stop_requested(out):
+                raise Interrupted(plan, summaries, [], drained=True)
             progress.begin(plan[i])
             try:
                 summaries[i] = train(plan[i].cfg, out / plan[i].run_dir, overwrite=True, progress=progress.tick)
@@ -62,30 +75,39 @@ def execute(plan: list[PlannedRun], out: Path, progress: "RunsProgress", jobs: i
 def _execute_in_processes(plan: list[PlannedRun], out: Path, progress: "RunsProgress", jobs: int, todo: list[int],
                           summaries: dict[int, dict[str, Any]]) -> None:
     """``jobs`` runs at a time. Ctrl-C reaches every process of the terminal's group: the runs in flight end as
-    interrupted, the queued ones are cancelled, and the comparison stops."""
+    interrupted, the queued ones are cancelled, and the comparison stops. ``OUT/STOP``, seen when a run ends,
+    cancels the queued runs and lets the ones in flight finish."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet_when_idle)
-    futures = {pool.submit(_train_quietly, plan[i].cfg, out / plan[i].run_dir): i for i in todo}
+    futures = {pool.submit(_train_quietly, plan[i].cfg, out / plan[i].run_dir, out): i for i in todo}
     try:
         for future in as_completed(futures):
             i = futures[future]
-            summaries[i] = future.result()
+            if future.cancelled() or (summary := future.result()) is None:  # not started: OUT/STOP came first
+                continue
+            summaries[i] = summary
             _stop_if_interrupted(plan, summaries, i)
             progress.end(plan[i], summaries[i])
+            if stop_requested(out):
+                for waiting in futures:
+                    waiting.cancel()  # the queued ones; the runs in flight go on to their end
     except KeyboardInterrupt:
         pool.shutdown(wait=True, cancel_futures=True)
-        cut = [i for f, i in futures.items() if f.done() and not f.cancelled() and f.exception() is None
-               and f.result().get("stop_reason") == "interrupted"]
-        for f, i in futures.items():
-            if f.done() and not f.cancelled() and f.exception() is None and i not in cut:
-                summaries.setdefault(i, f.result())
+        ended = {i: f.result() for f, i in futures.items()
+                 if f.done() and not f.cancelled() and f.exception() is None and f.result() is not None}
+        cut = [i for i, summary in ended.items() if summary.get("stop_reason") == "interrupted"]
+        for i, summary in ended.items():
+            if i not in cut:
+                summaries.setdefault(i, summary)
         for i in cut:
             summaries.pop(i, None)
         raise Interrupted(plan, summaries, cut) from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+    if len(summaries) < len(plan):  # only OUT/STOP leaves runs unstarted without an exception
+        raise Interrupted(plan, summaries, [], drained=True)
 
 
 def _stop_if_interrupted(plan: list[PlannedRun], summaries: dict[int, dict[str, Any]], i: int) -> None:
@@ -110,10 +132,13 @@ def _quiet_when_idle() -> None:
     signal.signal(signal.SIGINT, on_sigint)
 
 
-def _train_quietly(cfg: Config, run_dir: Path) -> dict[str, Any]:
-    """One run in a worker process of ``--jobs``."""
+def _train_quietly(cfg: Config, run_dir: Path, out: Path) -> dict[str, Any] | None:
+    """One run in a worker process of ``--jobs``; None when ``OUT/STOP`` asked for no more runs before it began
+    (the pool hands a process its next run before the comparison can cancel it)."""
     from shoal.runner import train
 
+    if stop_requested(out):
+        return None
     _RUNNING["now"] = True
     try:
         return train(cfg, run_dir, overwrite=True)
