@@ -132,7 +132,7 @@ def test_a_drain_asks_every_study_folder_to_start_no_more_runs(tmp_path):
     subprocess.run([*git, "add", "benchmarks"], cwd=repo, check=True)
     subprocess.run([*git, "commit", "-qm", "queue"], cwd=repo, check=True)
     fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\ncase \"$*\" in *save*) exit 0;; esac\nexec sleep 60\n")
+    fake.write_text("#!/bin/sh\ncase \"$*\" in *save*|*--list*) exit 0;; esac\nexec sleep 60\n")
     fake.chmod(0o755)
     env = {"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "STUDIES_WORKTREE": str(tmp_path / "queue"),
            "STUDIES_LOG": str(tmp_path / "queue.log")}
@@ -146,6 +146,7 @@ def test_a_drain_asks_every_study_folder_to_start_no_more_runs(tmp_path):
     assert studies("--start").returncode == 0
     try:
         drained = studies("--drain")
+        assert "draining: no run starts" in studies("--status").stdout.splitlines()[0]
     finally:
         assert studies("--stop").returncode == 0
     assert drained.returncode == 0 and "ends when the runs in flight have" in drained.stdout
