@@ -77,6 +77,7 @@ case "${1:-}" in
   --drain)  # each study folder's STOP: its comparison starts no more runs, lets those in flight end, exits 130
     group=$(queue_group) || { echo "error: no queue runs from $WORKTREE" >&2; exit 2; }
     for folder in runs/evidence/*/; do touch "$folder/STOP"; done
+    touch "$WORKTREE/.drain"  # and the queue starts no further study (a comparison removes a spent STOP)
     echo "queue drains (process group $group): no run starts, it ends when the runs in flight have; then --stop"
     exit 0 ;;
   --stop)
@@ -117,6 +118,7 @@ if [[ "${1:-}" == "--status" ]]; then  # whether the queue runs, how far each st
 fi
 PYTHONPATH=src "$PYTHON" benchmarks/run_archive.py restore
 for study in "${STUDIES[@]}"; do
+  if [[ -e .drain ]]; then echo "== $(date -u +%FT%TZ) drained: no further study starts"; exit 0; fi
   echo "== $(date -u +%FT%TZ) benchmarks/$study"
   # shellcheck disable=SC2086  # the script and the study name are two words
   PYTHONPATH=src "$PYTHON" benchmarks/$study --jobs 2 --resume

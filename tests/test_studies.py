@@ -69,6 +69,22 @@ def test_the_queue_unpacks_the_kept_runs_then_resumes_every_study_in_order(tmp_p
     assert calls[1:] == [f"benchmarks/{script} {study} --jobs 2 --resume" for script, study in queued()]
 
 
+def test_a_drained_queue_starts_no_further_study(tmp_path):
+    """The queue's loop in a folder that holds .drain (--drain made it): the archive is unpacked, no study runs."""
+    import shutil
+
+    log, fake, queue = tmp_path / "calls", tmp_path / "python", tmp_path / "queue"
+    (queue / "benchmarks").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks" / "studies.sh", queue / "benchmarks")
+    (queue / ".drain").touch()
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n")
+    fake.chmod(0o755)
+    done = subprocess.run(["bash", str(queue / "benchmarks" / "studies.sh")], capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake)}, check=True)
+    assert "drained: no further study starts" in done.stdout
+    assert log.read_text().splitlines() == ["benchmarks/run_archive.py restore"]
+
+
 def test_the_queue_starts_in_a_worktree_pauses_goes_on_and_stops_as_one_process_group(tmp_path):
     """--start runs the queue from a worktree of HEAD as its own process group (a stand-in Python that sleeps),
     --pause stops every process of it, --continue lets them go on, --stop ends them, packs the runs (the
@@ -147,6 +163,7 @@ def test_a_drain_asks_every_study_folder_to_start_no_more_runs(tmp_path):
     try:
         drained = studies("--drain")
         assert "draining: no run starts" in studies("--status").stdout.splitlines()[0]
+        assert (tmp_path / "queue" / ".drain").exists()  # the queue's loop starts no further study
     finally:
         assert studies("--stop").returncode == 0
     assert drained.returncode == 0 and "ends when the runs in flight have" in drained.stdout
