@@ -42,7 +42,7 @@ import argparse
 import sys
 from typing import Any
 
-from evidence import LM, LOGNORMAL_16, SCHEMES, SHAPES, TIERS_16, compare_study, markdown as evidence_markdown, strip, study_args
+from evidence import LM, LOGNORMAL_16, SCHEMES, SHAPES_NHWC, TIERS_16, compare_study, markdown as evidence_markdown, strip, study_args
 from tuned import provenance, write_results
 
 BALANCED = "bsp+balance,bsp+balance-deadline,gssp+balance,diloco+balance-steps"
@@ -59,11 +59,11 @@ STUDIES: dict[str, dict[str, Any]] = {
                      "folder": "lm-lognormal-iid",
                      "title": "byte transformer on the stdlib, 16 lognormal workers (sigma 1), IID"},
     # the tiered study is the evidence study of the same cluster plus balanced BSP (it shares every other run)
-    "shapes-tiers": {**SHAPES, "sets": SHAPES["sets"] + [TIERS_16], "schemes": f"{SCHEMES},bsp+balance",
+    "shapes-tiers": {**SHAPES_NHWC, "sets": SHAPES_NHWC["sets"] + [TIERS_16], "schemes": f"{SCHEMES},bsp+balance",
                      "folder": "shapes-tiers-iid",
                      "title": "BN ResNet-18 (width 16) on shapes, 16 workers in four speed tiers, IID"},
     # three schemes without knobs: no development seeds; evaluation seeds 2-11 as in every other study
-    "shapes-lognormal": {**SHAPES, "sets": SHAPES["sets"] + LOGNORMAL_16, "schemes": "bsp,asp,bsp+balance",
+    "shapes-lognormal": {**SHAPES_NHWC, "sets": SHAPES_NHWC["sets"] + LOGNORMAL_16, "schemes": "bsp,asp,bsp+balance",
                          "folder": "shapes-lognormal-iid", "untuned": True,
                          "title": "BN ResNet-18 (width 16) on shapes, 16 lognormal workers (sigma 1), IID"},
 }

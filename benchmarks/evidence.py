@@ -36,6 +36,10 @@ LM = {"config": "examples/stdlib_lm.toml", "sets": ["run.max_time_s=400", "run.m
 SCHEMES = "bsp,asp,ssp,gssp,localsgd,diloco"
 #: the BN image workload (docs/workloads.md); a run costs about twice a transformer run on this CPU
 SHAPES = {"config": "examples/shapes_bn.toml", "sets": ["run.max_time_s=400", "backend.log_iterations=false"]}
+#: NHWC convolutions, the same network faster on this CPU (benchmarks/results/conv_layout.md): every image study
+#: started after the option existed computes with it; lowcomm.py shapes-1g, started before, keeps SHAPES
+NHWC = "model.options={width = 16, channels_last = true}"
+SHAPES_NHWC = {**SHAPES, "sets": SHAPES["sets"] + [NHWC]}
 
 #: study name -> the config, its overrides and the schemes compared
 STUDIES: dict[str, dict[str, Any]] = {
@@ -47,7 +51,7 @@ STUDIES: dict[str, dict[str, Any]] = {
                          "title": "byte transformer on the stdlib, 16 lognormal workers (sigma 1), IID"},
     "lm-tiers-compression": {**LM, "sets": LM["sets"] + [TIERS_16], "schemes": "bsp,bsp+topk,bsp+powersgd,gssp+gdtopk,bsp+ina",
                              "title": "byte transformer on the stdlib, 16 tiered workers: compression and in-network aggregation"},
-    "shapes-tiers-iid": {**SHAPES, "sets": SHAPES["sets"] + [TIERS_16], "schemes": SCHEMES,
+    "shapes-tiers-iid": {**SHAPES_NHWC, "sets": SHAPES_NHWC["sets"] + [TIERS_16], "schemes": SCHEMES,
                          "title": "BN ResNet-18 (width 16) on shapes, 16 workers in four speed tiers, IID"},
 }
 for _name, _study in STUDIES.items():

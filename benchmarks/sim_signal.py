@@ -39,6 +39,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from evidence import NHWC
 from tuned import RESULTS, ROOT, provenance, write_results
 
 MEASURE = ["compression.similarity.enabled=true", "compression.similarity.max_period=1",
@@ -49,7 +50,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "lm": {"config": "examples/stdlib_lm.toml", "partitions": ("iid", "by_source"), "results": "sim_signal",
            "prefix": "", "title": "the transformer LM"},
     "shapes": {"config": "examples/shapes_bn.toml", "partitions": ("iid", "dirichlet:0.1"),
-               "results": "sim_signal-shapes", "prefix": "shapes-", "title": "the BN image workload"},
+               "results": "sim_signal-shapes", "prefix": "shapes-", "title": "the BN image workload",
+               "sets": [NHWC]},
 }
 RUNS = ROOT / "runs" / "evidence"
 Config = tuple[int, int, str]  # workers, batch, partition
@@ -137,7 +139,7 @@ def signal_config(workload: str, config: Config, steps: int) -> Any:
     from shoal.config import load_config
 
     workers, batch, partition = config
-    return load_config(ROOT / WORKLOADS[workload]["config"], MEASURE + [
+    return load_config(ROOT / WORKLOADS[workload]["config"], MEASURE + WORKLOADS[workload].get("sets", []) + [
         f"cluster.workers={workers}", f"data.batch_size={batch}", f"data.partition={partition}",
         f"run.max_iterations={steps * workers}", f"run.eval_every_iterations={steps * workers}"])
 

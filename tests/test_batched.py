@@ -60,6 +60,20 @@ def test_every_built_in_model_is_checked():
     assert set(MODELS) == set(BUILT_IN)
 
 
+def test_the_channels_last_resnet_runs_batched_as_in_the_loop():
+    """model.options.channels_last: the batched call (vmap has no NHWC, so it keeps the default layout) gives the
+    NHWC loop's gradients (float64: the other order of additions is far below the tolerance)."""
+    shape, classes, options, _ = MODELS["resnet18"]
+    torch.manual_seed(0)
+    model = build_model("resnet18", shape, classes, options={**options, "channels_last": True})
+    engine, gen = GradientEngine(model.double(), DEFAULT_TASK), torch.Generator().manual_seed(1)
+    requests = requests_for("resnet18", engine, gen, 3)
+    loop = [engine.gradient(r.params, r.buffers, r.x, r.y) for r in requests]
+    for (grad, delta, loss), (b_grad, b_delta, b_loss) in zip(loop, BatchedGradients(engine).compute(requests)):
+        assert torch.allclose(b_grad, grad, rtol=0, atol=1e-10) and torch.allclose(b_delta, delta, rtol=0, atol=1e-10)
+        assert b_loss == pytest.approx(loss, abs=1e-10)
+
+
 @pytest.mark.parametrize("workers", [1, 3, 16])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_batched_gradients_buffer_changes_and_losses_equal_the_loops(name: str, workers: int):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._C._functorch import is_functorch_wrapped_tensor
 
 from shoal.errors import ConfigError
 
@@ -37,8 +38,10 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    def __init__(self, in_channels: int, num_classes: int, widths: tuple[int, ...] = (64, 128, 256, 512)) -> None:
+    def __init__(self, in_channels: int, num_classes: int, widths: tuple[int, ...] = (64, 128, 256, 512),
+                 channels_last: bool = False) -> None:
         super().__init__()
+        self.channels_last = channels_last
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, widths[0], 3, stride=1, padding=1, bias=False),
             nn.BatchNorm2d(widths[0]),
@@ -56,15 +59,23 @@ class ResNet18(nn.Module):
         self.fc = nn.Linear(in_planes, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # NHWC activations: faster CPU convolutions. Not under torch.func (the batched simulator's vmap), which
+        # has no NHWC: it computes the same network in the default layout.
+        if self.channels_last and x.dim() == 4 and not is_functorch_wrapped_tensor(x):
+            x = x.contiguous(memory_format=torch.channels_last)
         out = self.pool(self.layers(self.stem(x)))
         return self.fc(torch.flatten(out, 1))
 
 
 def resnet18(input_shape: tuple[int, int, int], num_classes: int, *, hidden: list[int] | None = None,
-             width: int = 64) -> nn.Module:
+             width: int = 64, channels_last: bool = False) -> nn.Module:
     """Registry entry; ``hidden`` belongs to the mlp and is ignored here. ``width`` (model.options) is the first
     stage's width, doubled per stage: 64 is the standard ResNet-18 (11.2 M parameters, about 1.3 s per gradient of
-    32 CIFAR images on one CPU core); 16 keeps every layer, block and batch norm at 1/16 of the work (0.7 M)."""
+    32 CIFAR images on one CPU core); 16 keeps every layer, block and batch norm at 1/16 of the work (0.7 M).
+    ``channels_last`` computes on NHWC activations (the parameters keep their layout): the same network, whose
+    CPU convolutions are faster (benchmarks/conv_layout.py), in another order of float additions."""
     if not isinstance(width, int) or width < 1:
         raise ConfigError(f"model.options.width: a whole number >= 1, got {width!r}")
-    return ResNet18(input_shape[0], num_classes, tuple(width * 2**i for i in range(4)))
+    if not isinstance(channels_last, bool):
+        raise ConfigError(f"model.options.channels_last: true or false, got {channels_last!r}")
+    return ResNet18(input_shape[0], num_classes, tuple(width * 2**i for i in range(4)), channels_last)
