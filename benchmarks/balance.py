@@ -42,7 +42,8 @@ import argparse
 import sys
 from typing import Any
 
-from evidence import LM, LOGNORMAL_16, SCHEMES, SHAPES_NHWC, TIERS_16, compare_study, markdown as evidence_markdown, strip, study_args
+from evidence import (LM, LOGNORMAL_16, SCHEMES, SHAPES_NHWC, TIERS_16, compare_study,
+                      markdown as evidence_markdown, strip, study_args)
 from tuned import provenance, write_results
 
 BALANCED = "bsp+balance,bsp+balance-deadline,gssp+balance,diloco+balance-steps"

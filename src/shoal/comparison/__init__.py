@@ -24,8 +24,9 @@ from shoal.report.protocol import Protocol
 from shoal.report.schemes import Scheme, parse_schemes
 from shoal.report.tuning import parse_tune
 
-__all__ = ["Interrupted", "PlannedRun", "STOP_FILE", "Protocol", "RUN_FILES", "build_compare", "command_line", "cpu_model",
-           "evaluation_runs", "finished_summary", "plan_runs", "provenance", "resolution_warnings", "run_comparison"]
+__all__ = ["Interrupted", "PlannedRun", "Protocol", "RUN_FILES", "STOP_FILE", "build_compare", "command_line",
+           "cpu_model", "evaluation_runs", "finished_summary", "plan_runs", "provenance", "resolution_warnings",
+           "run_comparison"]
 
 
 def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: list[str], out: Path, overwrite: bool,
