@@ -53,6 +53,13 @@ STUDIES: dict[str, dict[str, Any]] = {
                              "title": "byte transformer on the stdlib, 16 tiered workers: compression and in-network aggregation"},
     "shapes-tiers-iid": {**SHAPES_NHWC, "sets": SHAPES_NHWC["sets"] + [TIERS_16], "schemes": SCHEMES,
                          "title": "BN ResNet-18 (width 16) on shapes, 16 workers in four speed tiers, IID"},
+    # the image workload on the other cluster and on non-IID shards: the matrix of issue 38 on both workloads
+    # (shapes-lognormal-iid shares every run with balance.py shapes-lognormal)
+    "shapes-lognormal-iid": {**SHAPES_NHWC, "sets": SHAPES_NHWC["sets"] + LOGNORMAL_16, "schemes": SCHEMES,
+                             "title": "BN ResNet-18 (width 16) on shapes, 16 lognormal workers (sigma 1), IID"},
+    "shapes-tiers-dirichlet": {**SHAPES_NHWC, "sets": SHAPES_NHWC["sets"] + [TIERS_16, 'data.partition="dirichlet:0.5"'],
+                               "schemes": SCHEMES,
+                               "title": "BN ResNet-18 (width 16) on shapes, 16 tiered workers, non-IID (Dirichlet 0.5)"},
 }
 for _name, _study in STUDIES.items():
     _study["folder"] = _name  # runs/evidence/STUDY
@@ -130,12 +137,9 @@ def compare_study(study: dict[str, Any], args: argparse.Namespace) -> tuple[dict
 
 
 def study_protocol(study: dict[str, Any], tune_seeds: int) -> tuple[list[str], int]:
-    """The study's overrides and development seeds. A study whose schemes have no knobs (``untuned``) has no
-    development seeds; its evaluation seeds are still those of every other study, the ones after the
-    development seeds (``run.seed`` moved past them), so its runs pair with theirs seed for seed."""
-    if not study.get("untuned"):
-        return list(study["sets"]), tune_seeds
-    return list(study["sets"]) + [f"run.seed={tune_seeds}"], 0
+    """The study's overrides and development seeds: the same for every study, so that runs of the same config
+    pair up seed for seed and folder for folder (``SCHEME/seed-K``) and two studies in one folder share them."""
+    return list(study["sets"]), tune_seeds
 
 
 def progress(study: dict[str, Any], seeds: int, tune_seeds: int) -> tuple[list[float], int]:

@@ -34,9 +34,11 @@ STUDIES=(
   "evidence.py shapes-tiers-iid"     # issue 38 on the image workload (every run shared with the one above)
   "balance.py lm-lognormal"          # issue 39, and issue 38's lm-lognormal-iid baselines
   "evidence.py lm-lognormal-iid"     # issue 38 (every run shared with the one above)
-  "balance.py shapes-lognormal"      # issue 39 (bsp, asp, bsp+balance: no knobs, evaluation seeds only)
+  "balance.py shapes-lognormal"      # issue 39 on the lognormal cluster: issue 38's six baselines + balanced BSP
+  "evidence.py shapes-lognormal-iid" # issue 38 (every run shared with the one above)
   "evidence.py lm-tiers-by_source"   # issue 38: non-IID
   "evidence.py lm-tiers-compression" # issue 38: compression and GRID in training
+  "evidence.py shapes-tiers-dirichlet" # issue 38: the image workload on non-IID shards
 )
 WORKTREE="$(realpath -m "${STUDIES_WORKTREE:-/tmp/shoal-studies}")"
 LOG="${STUDIES_LOG:-/tmp/studies.log}"

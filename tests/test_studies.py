@@ -3,6 +3,7 @@ queue of several hours cannot stop at its third study on a config error."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -39,21 +40,43 @@ def test_every_queued_study_exists():
 @pytest.mark.parametrize("script, study", [(s, n) for s, studies in SCRIPTS.items() for n in studies])
 def test_every_study_plans_without_error(script, study):
     """Every run's config validates under the protocol the study runs with (what compare checks first)."""
-    from shoal.comparison import Protocol, plan_runs
+    from shoal.comparison import Protocol, evaluation_runs, plan_runs
     from shoal.report.schemes import parse_schemes
 
     spec = SCRIPTS[script][study]
     sets, tune_seeds = evidence.study_protocol(spec, 2)
-    plan = plan_runs(ROOT / spec["config"], parse_schemes(spec["schemes"]), Protocol(10, tune_seeds), sets)
-    assert plan and len({p.run_dir for p in plan}) == len(plan)
-    seeds = {p.cfg.run.seed for p in plan}  # the first phase: development seeds, or the evaluation seeds untuned
-    assert seeds == ({0, 1} if tune_seeds else set(range(2, 12)))  # evaluation seeds 2-11 everywhere: runs pair up
+    schemes = parse_schemes(spec["schemes"])
+    plan = plan_runs(ROOT / spec["config"], schemes, Protocol(10, tune_seeds), sets)  # the development seeds
+    assert len({p.run_dir for p in plan}) == len(plan) and {p.cfg.run.seed for p in plan} <= {0, 1}
+    evaluation = [r for s in schemes for r in evaluation_runs(ROOT / spec["config"], s, Protocol(10, 2), sets, {})]
+    assert {r.cfg.run.seed for r in evaluation} == set(range(2, 12))  # evaluation seeds 2-11 everywhere
+    assert all(r.run_dir.endswith(f"/seed-{r.cfg.run.seed}") for r in evaluation)  # ... in the same folders
 
 
-def test_a_study_without_knobs_runs_the_evaluation_seeds_of_the_others():
-    sets, tune_seeds = evidence.study_protocol(balance.STUDIES["shapes-lognormal"], 2)
-    assert tune_seeds == 0 and sets[-1] == "run.seed=2"
-    assert evidence.study_protocol(balance.STUDIES["shapes-tiers"], 2)[1] == 2
+def test_studies_that_share_a_folder_plan_the_same_run_for_the_same_folder():
+    """Two studies in one runs folder share every run they both plan; none may plan another config under a folder
+    the other uses (with --resume it would run it again over the other's)."""
+    from shoal.comparison import Protocol, evaluation_runs, plan_runs
+    from shoal.report.schemes import parse_schemes
+
+    def planned(spec):
+        sets, tune_seeds = evidence.study_protocol(spec, 2)
+        schemes = parse_schemes(spec["schemes"])
+        runs = plan_runs(ROOT / spec["config"], schemes, Protocol(10, tune_seeds), sets)
+        runs += [r for s in schemes for r in evaluation_runs(ROOT / spec["config"], s, Protocol(10, tune_seeds), sets,
+                                                             {})]
+        return {r.run_dir: r.cfg.model_dump() for r in runs}
+
+    folders: dict[str, list[dict]] = {}
+    for script in SCRIPTS.values():
+        for spec in script.values():
+            folders.setdefault(spec["folder"], []).append(spec)
+    shared = {f: specs for f, specs in folders.items() if len(specs) > 1}
+    assert "shapes-lognormal-iid" in shared and "shapes-tiers-iid" in shared
+    for specs in shared.values():
+        for one, other in itertools.combinations([planned(spec) for spec in specs], 2):
+            both = one.keys() & other.keys()
+            assert both and all(one[d] == other[d] for d in both), [d for d in both if one[d] != other[d]]
 
 
 def test_the_queue_unpacks_the_kept_runs_then_resumes_every_study_in_order(tmp_path):
