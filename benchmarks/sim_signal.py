@@ -147,10 +147,10 @@ def signal_config(workload: str, config: Config, steps: int) -> Any:
 def measure(workload: str, config: Config, steps: int, out: Path) -> Path | None:
     """Run one configuration into ``out`` (replacing an unfinished run there); None, without running it, once
     the study's folder holds STOP."""
-    from shoal.comparison import STOP_FILE
+    from shoal.comparison.execute import stop_requested
     from shoal.runner import train
 
-    if (out.parent / STOP_FILE).exists():
+    if stop_requested(out.parent):
         return None
     out.parent.mkdir(parents=True, exist_ok=True)
     train(signal_config(workload, config, steps), out, overwrite=True)

@@ -101,9 +101,8 @@ fi
 if [[ "${1:-}" == "--status" ]]; then  # whether the queue runs, how far each study is, then a total
   if group=$(queue_group); then
     paused=$(ps -eo pgid=,stat= | awk -v g="$group" '$1 == g && $2 ~ /^T/ { n++ } END { print n + 0 }')
-    draining=$(find runs/evidence -mindepth 2 -maxdepth 2 -name STOP 2>/dev/null | head -1)
     echo "queue: running at $(git -C "$WORKTREE" rev-parse --short HEAD) in $WORKTREE (process group $group$(
-      [[ $paused -gt 0 ]] && echo ", paused")$([[ -n $draining ]] && echo ", draining: no run starts"))"
+      [[ $paused -gt 0 ]] && echo ", paused")$([[ -e "$WORKTREE/.drain" ]] && echo ", draining: no run starts"))"
   else
     echo "queue: not running from $WORKTREE (--start starts it)"
   fi
