@@ -26,8 +26,8 @@ demo: $(STAMP)
 # Everything: the suite on every core, then the tests that start a real Ray instance, one at a time
 # (they time real processes; two at a time, each with its own Ray, failed timing checks on a quiet machine).
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q -n auto -m "not ray"
-	$(BIN)/python -m pytest -q -m ray
+	$(BIN)/python -m pytest -q -n auto -m "not ray" --durations=10
+	$(BIN)/python -m pytest -q -m ray --durations=10
 
 # The edit loop (about 3 minutes on 2 cores): everything but the slow end-to-end runs and the Ray tests.
 test-fast: $(STAMP)

@@ -3,9 +3,12 @@ sockets of this process tree (is everything on loopback?). The embedded Ray itse
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
@@ -51,6 +54,26 @@ def run_backend(cfg, progress=None, stream=None):
     backend = RayBackend(build_setup(cfg), RunRecorder(stream=stream), tick)
     holder["backend"] = backend
     return backend, backend.run()
+
+
+def events_of(stream: io.StringIO) -> list[dict]:
+    """The events a run has written to its metrics stream so far."""
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def stop_once(done: Callable[[RayBackend, dict, list[dict]], bool], stream: io.StringIO,
+              act: Callable[[RayBackend, dict], None] | None = None) -> Callable[[RayBackend, dict], None]:
+    """A progress callback for run_backend: ``act`` (a fault to inject, if any), then end the run as Ctrl-C would
+    once ``done(backend, info, events)`` holds. A test then waits for what it checks, and its time budget is only
+    the bound on a failure."""
+
+    def tick(backend: RayBackend, info: dict) -> None:
+        if act is not None:
+            act(backend, info)
+        if backend.stop_reason is None and done(backend, info, events_of(stream)):
+            backend.stop_reason = "interrupted"
+
+    return tick
 
 
 # -- sockets of this process tree (Linux /proc) ------------------------------------------

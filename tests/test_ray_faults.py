@@ -28,7 +28,7 @@ from shoal.engine.setup import build_setup  # noqa: E402
 from shoal.runner import train  # noqa: E402
 
 from conftest import FAST, ROOT, default_sigint, read_jsonl  # noqa: E402
-from ray_support import RAY, SERVER_PATH, descendants, ray_config, run_backend  # noqa: E402
+from ray_support import RAY, SERVER_PATH, descendants, events_of, ray_config, run_backend, stop_once  # noqa: E402
 
 
 @pytest.mark.timeout(120)  # a hang fails the test with its stack instead of blocking the suite
@@ -47,7 +47,7 @@ def test_killed_worker_is_dropped_and_training_goes_on(ray_session):
     wall = time.monotonic() - start
     assert killed and summary["stop_reason"] == "time_budget" and wall < 60
     assert [f["worker"] for f in summary["failures"]] == [1] and not summary["failures"][0]["restarted"], summary["failures"]
-    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    events = events_of(stream)
     failed_at = next(e["t"] for e in events if e["event"] == "worker_failed")
     after = [e for e in events if e["event"] == "iteration" and e["t"] > failed_at + 0.2]
     assert {e["worker"] for e in after} == {0, 2, 3}
@@ -67,15 +67,21 @@ def test_a_stopped_worker_is_evicted_within_the_timeout_and_rejoins_when_it_answ
             os.kill(backend.pids[1], signal.SIGCONT)
             stopped["cont"] = info["t"]
 
+    def back(backend, info, events):  # worker 1 back in the rounds, and the target was met
+        rejoined = [e["t"] for e in events if e["event"] == "worker_rejoined"]
+        ones = [e["t"] for e in events if e["event"] == "iteration" and e["worker"] == 1]
+        return bool(rejoined) and len(ones) > 25 and sum(t > rejoined[0] for t in ones) > 10 \
+            and backend.recorder.time_to_target_s is not None
+
     stream = io.StringIO()
     cfg = ray_config("optimizer.lr=0.02", "run.target_accuracy=0.9", "run.stop_at_target=false",
                      "run.max_time_s=9", "backend.worker_timeout_s=2", SERVER_PATH)
-    _, summary = run_backend(cfg, stop, stream)
+    _, summary = run_backend(cfg, stop_once(back, stream, stop), stream)
     assert summary["time_to_target_s"] is not None  # the run reached its target through it all
     assert stopped and [f["worker"] for f in summary["failures"]] == [1], summary["failures"]
     failure = summary["failures"][0]
     assert "no answer for 2 s" in failure["error"] and failure["t"] - stopped["t"] < 2 + 5
-    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    events = events_of(stream)
     rejoined = next(e for e in events if e["event"] == "worker_rejoined")
     assert rejoined["worker"] == 1 and failure["rejoined_t"] == pytest.approx(rejoined["t"], abs=1e-6)
     between = [e for e in events if e["event"] == "iteration" and failure["t"] + 0.2 < e["t"] < stopped["cont"]]
@@ -97,7 +103,7 @@ def test_an_internal_error_in_the_driver_still_stops_the_actors_and_returns_the_
     backend, summary = run_backend(ray_config("run.target_accuracy=0.99"), None, stream)
     assert summary["stop_reason"] == "internal_error" and summary["error"].startswith("KeyError: 'a bug'")
     assert summary["iterations"] > 0 and summary["final_accuracy"] is not None  # evaluated on the way out
-    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    events = events_of(stream)
     assert any(e["event"] == "internal_error" and "flaky" in e["traceback"] for e in events)
     assert events[-1] == {"event": "end", "t": events[-1]["t"], "reason": "internal_error"}
 
@@ -131,7 +137,7 @@ def test_a_killed_bsp_server_is_replaced_from_the_checkpoint_and_the_run_reaches
     assert failure["recovered_from"].startswith(("checkpoint ckpt-", "the state evaluated at"))
     assert failure["t"] >= killed["t"] and failure["cutoff"] <= failure["t"]
     assert isinstance(failure["gradients_lost"], int) and failure["gradients_lost"] >= 0
-    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    events = events_of(stream)
     replaced = next(e for e in events if e["event"] == "server_replaced")
     after = {e["worker"] for e in events if e["event"] == "iteration" and e["t"] > replaced["t"]}
     assert after == {0, 1, 2, 3}  # every worker followed the new server
@@ -167,15 +173,21 @@ def test_a_server_killed_before_handing_out_its_evaluated_state_is_replaced_from
 def test_a_killed_gssp_group_server_is_replaced_from_a_peer_replica(ray_session):
     """kill -9 one of two GSSP group servers: a warm standby takes over from the other group's replica."""
     killed, kill = _kill_server_when(1, lambda b, info: b.gssp.grouped and info["iterations"] >= 60)
+
+    def recovered(backend, info, events):  # every worker trained on after the replacement, and the target was met
+        replaced = [e["t"] for e in events if e["event"] == "server_replaced"]
+        after = {e["worker"] for e in events if e["event"] == "iteration" and replaced and e["t"] > replaced[0]}
+        return after == {0, 1, 2, 3} and backend.recorder.time_to_target_s is not None
+
     stream = io.StringIO()
     cfg = ray_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.target_accuracy=0.85",
                      "run.stop_at_target=false", "run.max_time_s=10", "backend.standby_servers=1")
-    _, summary = run_backend(cfg, kill, stream)
-    assert killed and summary["stop_reason"] == "time_budget" and summary["time_to_target_s"], summary["failures"]
+    _, summary = run_backend(cfg, stop_once(recovered, stream, kill), stream)
+    assert killed and summary["stop_reason"] == "interrupted" and summary["time_to_target_s"], summary["failures"]
     [failure] = summary["failures"]
     assert failure["server"] == 1 and failure["recovered_from"] == "group 0's replica"
     assert 0 <= failure["gradients_lost"] <= summary["iterations"]
-    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    events = events_of(stream)
     replaced = next(e for e in events if e["event"] == "server_replaced")
     assert replaced["seconds"] < 3  # no process to start: the standby was warm
     assert {e["worker"] for e in events if e["event"] == "iteration" and e["t"] > replaced["t"]} == {0, 1, 2, 3}
@@ -185,12 +197,16 @@ def test_a_killed_gssp_group_server_is_replaced_from_a_peer_replica(ray_session)
 @pytest.mark.timeout(150)  # a hang fails the test with its stack instead of blocking the suite
 def test_two_workers_added_mid_run_train_and_gssp_places_them_by_speed(ray_session):
     """cluster.membership on ray: a 1x and a 4x worker join at 1.5 s; worker 1 leaves at 4 s."""
+    def placed(backend, info, events):  # a second and a half after worker 1 left, the joiners placed by speed
+        left = [e["t"] for e in events if e["event"] == "worker_left"]
+        return bool(left) and info["t"] > left[0] + 1.5 and backend._groups() == [[0, 4], [2, 3, 5]]
+
     stream = io.StringIO()
     cfg = ray_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.stop_at_target=false",
                      "run.max_time_s=14",
                      "cluster.membership=[{at_s=1.5, add=2, speeds=[1, 4]}, {at_s=4, remove=[1]}]")
-    _, summary = run_backend(cfg, None, stream)
-    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    _, summary = run_backend(cfg, stop_once(placed, stream), stream)
+    events = events_of(stream)
     joined = {e["worker"]: e for e in events if e["event"] == "worker_joined"}
     assert sorted(joined) == [4, 5] and all(e["t"] >= 1.5 for e in joined.values())
     per = {p["id"]: p for p in summary["per_worker"]}
@@ -210,14 +226,17 @@ def test_failed_worker_restarts_from_its_groups_replica(ray_session):
             backend.workers[2].fail_next.remote()
             injected["done"] = True
 
+    def back(backend, info, events):
+        restarted = [e["t"] for e in events if e["event"] == "worker_restarted"]
+        return any(e["event"] == "iteration" and e["worker"] == 2 and e["t"] > restarted[0] for e in events) \
+            if restarted else False
+
     stream = io.StringIO()
     cfg = ray_config("sync.scheme=ssp", "backend.max_restarts=1", "run.target_accuracy=0.99", "run.max_time_s=15")
-    _, summary = run_backend(cfg, fail, stream)
+    _, summary = run_backend(cfg, stop_once(back, stream, fail), stream)
+    assert summary["stop_reason"] == "interrupted"  # ended once worker 2 trained again, within the budget
     assert summary["restarts"] == 1 and summary["failures"][0]["restarted"]
     assert "injected failure" in summary["failures"][0]["error"]
-    events = [json.loads(line) for line in stream.getvalue().splitlines()]
-    back_at = next(e["t"] for e in events if e["event"] == "worker_restarted")
-    assert any(e["event"] == "iteration" and e["worker"] == 2 and e["t"] > back_at for e in events)
 
 
 def test_checkpoint_stop_resume_reaches_target(ray_session, tmp_path):

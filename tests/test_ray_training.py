@@ -29,7 +29,8 @@ from shoal.engine.setup import build_setup  # noqa: E402
 from shoal.runner import train  # noqa: E402
 
 from conftest import FAST, ROOT, read_jsonl  # noqa: E402
-from ray_support import CONTRACT, RAY, bound_sockets, descendants, free_cpus_settle, is_loopback, ray_config, run_backend  # noqa: E402
+from ray_support import (CONTRACT, RAY, bound_sockets, descendants, events_of, free_cpus_settle,  # noqa: E402
+                         is_loopback, ray_config, run_backend, stop_once)
 
 
 def test_local_mode_listens_on_loopback_only_and_bsp_trains(ray_session, tmp_path):
@@ -304,7 +305,7 @@ def test_sim_on_ray_skips_tensors_and_moves_fewer_bytes(ray_session):
     stream = io.StringIO()
     _, summary = run_backend(ray_config(*budget, *SIM), stream=stream)
     assert summary["final_accuracy"] >= 0.8, summary["final_accuracy"]
-    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    events = events_of(stream)
     sims = [e for e in events if e["event"] == "sim"]
     assert sims and max(max(e["tau"]) for e in sims) > 1
     assert {"group", "clock", "names", "tau", "similarity", "measured", "bytes_saved"} <= set(sims[0])
@@ -320,8 +321,7 @@ def test_gssp_with_sim_on_ray_keeps_a_schedule_per_group(ray_session):
     stream = io.StringIO()
     _, summary = run_backend(cfg, stream=stream)
     assert summary["groups"] == [[0, 1], [2, 3]] and summary["best_accuracy"] >= 0.6
-    sims = [json.loads(line) for line in stream.getvalue().splitlines()]
-    sims = [e for e in sims if e["event"] == "sim"]
+    sims = [e for e in events_of(stream) if e["event"] == "sim"]
     assert {e["group"] for e in sims} == {0, 1}
     assert len(summary["similarity"]) == 2 and summary["bytes_saved_sim"] > 0
 
@@ -380,8 +380,14 @@ def test_gssp_on_allreduce_groups_splits_exchanges_and_keeps_each_groups_replica
     (asynchronous exchange), and the split paused the cluster once, measured."""
     cfg = ray_config("sync.scheme=gssp", "sync.intra_group=allreduce", "cluster.speeds=[1, 1, 4, 4]",
                      "cluster.emulate=true", "run.stop_at_target=false", "run.max_time_s=8")
+
+    def split_and_ran_on(backend, info, events):  # two seconds of training in the split groups
+        pauses = [e["t"] for e in events if e["event"] == "regroup_pause"]
+        return bool(pauses) and info["t"] > pauses[0] + 2
+
     stream = io.StringIO()
-    backend = RayBackend(build_setup(cfg), RunRecorder(stream=stream))
+    tick = stop_once(split_and_ran_on, stream)
+    backend = RayBackend(build_setup(cfg), RunRecorder(stream=stream), lambda info: tick(backend, info))
     states: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     evaluate = backend._final_evaluation
 
@@ -391,9 +397,9 @@ def test_gssp_on_allreduce_groups_splits_exchanges_and_keeps_each_groups_replica
 
     backend._final_evaluation = capture
     summary = backend.run()
-    assert summary["stop_reason"] == "time_budget" and sorted(summary["groups"]) == [[0, 1], [2, 3]]
+    assert summary["stop_reason"] == "interrupted" and sorted(summary["groups"]) == [[0, 1], [2, 3]]
     assert summary["exchanges"] > 0 and summary["bytes_exchange"] > 0 and backend.servers == []
-    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    events = events_of(stream)
     assert [e["reason"] for e in events if e["event"] == "groups"][:2] == ["start", "profiled"]
     assert any(e["event"] == "regroup_pause" and e["form_s"] > 0 for e in events)
     for a, b in ((0, 1), (2, 3)):
@@ -414,14 +420,14 @@ def test_workers_load_their_own_shards_and_refuse_data_that_is_not_the_drivers(r
         "    y = (x[:, 0, 0, 0] > 0).long()\n"
         "    return (x[:200], y[:200]), (x[200:], y[200:])\n")
     data = f"data.name=\"python:{tmp_path}/user_data.py:load\""
-    summary = train(ray_config(data, "run.max_time_s=3", "run.target_accuracy=1.0"), tmp_path / "ok")
+    summary = train(ray_config(data, "run.max_time_s=1", "run.target_accuracy=1.0"), tmp_path / "ok")
     assert summary["iterations"] > 0
     with pytest.raises(ConfigError, match=r"worker \d+ loaded other data than the driver"):  # whichever starts first
         train(ray_config(data, "data.options={seeded = false}", "run.max_time_s=3"), tmp_path / "bad")
     assert not (tmp_path / "bad").exists()  # refused before it started: nothing written
     assert free_cpus_settle() == pytest.approx(2.0 - ActorPool.cpus_held(lambda key: True))  # no actor left behind
     shipped = train(ray_config(data, "data.options={seeded = false}", "backend.data_loading=driver",
-                               "run.max_time_s=3", "run.target_accuracy=1.0"), tmp_path / "shipped")
+                               "run.max_time_s=1", "run.target_accuracy=1.0"), tmp_path / "shipped")
     assert shipped["iterations"] > 0
 
 

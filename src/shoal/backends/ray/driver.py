@@ -404,7 +404,10 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         ray.wait(stops, num_returns=len(stops), timeout=30)  # a dead server does not keep the workers going
         for w in self.alive:
             self.workers[w].stop.remote()
-        done, _ = ray.wait(list(self._run_refs), num_returns=len(self._run_refs), timeout=10)
+        # the ranks of an all-reduce group that lost a member wait in the collective for it until the collective's
+        # timeout: not worth waiting for (they are ended with the run, their records drained first)
+        wait_s = 1.0 if self.collective and self.failures else 10.0
+        done, _ = ray.wait(list(self._run_refs), num_returns=len(self._run_refs), timeout=wait_s)
         for ref in done:
             self._run_refs.pop(ref)
 
