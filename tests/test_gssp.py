@@ -1,21 +1,16 @@
-"""GSSP: the pure policy, the own-delta exchange invariant, and end-to-end behaviour on sim."""
+"""GSSP's pure policy: profiling, natural-breaks grouping, confirmation of slow workers, gating, joiners,
+regrouping, pacing, update shares and the exchange clock. The replicas it coordinates: test_gssp_replicas.py;
+whole runs on sim: test_gssp_sim.py."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from shoal.config import GSSPOptions, OptimizerConfig
-from shoal.engine.replica import Replica
-from shoal.runner import train
+from shoal.config import GSSPOptions
 from shoal.sync.gssp import GSSP
 from shoal.sync.policies import SSP, PacedSSP
-
-from conftest import read_jsonl
 
 #: the paper's rules: every refinement shoal's defaults turn on is off here, so each test turns on what it checks
 PAPER = dict(split_ratio=1.0, regroup_cooldown_s=0.0, transient_factor=0.0, confirm_span=0.0, confirm_fraction=1.0,
@@ -25,8 +20,6 @@ PAPER = dict(split_ratio=1.0, regroup_cooldown_s=0.0, transient_factor=0.0, conf
 def gssp(workers: int, intra_group: str = "server", **options) -> GSSP:
     """A GSSP coordinator under the paper's rules with ``options`` changed."""
     return GSSP(workers, GSSPOptions(**{**PAPER, **options}), intra_group)
-
-TIERS = "cluster.speeds=[1, 1, 1, 1, 8, 8, 8, 8]"
 
 
 def _profile(policy: GSSP, times: list[float], rounds: int) -> None:
@@ -309,266 +302,6 @@ def test_momentum_shares_per_mode(mode):
     shares = [pytest.approx(40 / 44), pytest.approx(4 / 44)]
     expected = {"server": [None, None], "global": shares, "busiest": [shares[0], shares[0]]}
     assert p.momentum_shares() == expected[mode]
-
-
-def test_by_default_every_group_server_decays_its_momentum_as_the_busiest_one(fast_config, tmp_path, monkeypatch):
-    """The sim backend hands every group server the busiest group's share (the 1x tier: 4 / 0.05 of 4 / 0.05 +
-    4 / 0.4 updates per second), and the paper's mode hands none."""
-    calls: list[tuple[int, float]] = []
-    original = Replica.set_update_share
-
-    def recording(self: Replica, share: float) -> None:
-        calls.append((id(self), share))
-        original(self, share)
-
-    monkeypatch.setattr(Replica, "set_update_share", recording)
-    run = ("sync.scheme=gssp", "cluster.workers=8", TIERS, "run.max_time_s=3", "run.stop_at_target=false")
-    train(fast_config(*run), tmp_path / "d")
-    after_split = [share for _, share in calls if share < 1.0]
-    assert len({server for server, share in calls if share < 1.0}) == 2
-    assert after_split and all(share == pytest.approx(8 / 9, rel=0.05) for share in after_split)
-    calls.clear()
-    train(fast_config(*run, "sync.gssp.group_momentum=server"), tmp_path / "s")
-    assert calls == []
-
-
-@pytest.mark.parametrize("share", [1.0, 0.5, 0.1])
-def test_momentum_on_a_share_of_updates_moves_each_gradient_as_far(share):
-    """A gradient's total displacement is lr / (1 - m) x g whatever the share; the share only shortens its tail."""
-    opt = OptimizerConfig(name="sgd", lr=0.1, momentum=0.9)
-    r = Replica(torch.zeros(3), torch.zeros(0), opt)
-    r.set_update_share(share)
-    g = torch.tensor([1.0, -2.0, 0.5])
-    r.apply([g], 1.0)
-    first = -r.params.detach().clone()
-    for _ in range(400):
-        r.apply([torch.zeros(3)], 1.0)
-    assert torch.allclose(-r.params.detach(), 0.1 / (1 - 0.9) * g, rtol=1e-4)
-    assert torch.allclose(first, 0.1 * (1 - 0.9 ** (1 / share)) / (1 - 0.9) * g)
-    r.set_lr(0.05)  # a decay keeps the share's scale
-    assert r.optimizer.param_groups[0]["lr"] == pytest.approx(0.05 * (1 - 0.9 ** (1 / share)) / 0.1)
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.integers(2, 4), st.integers(0, 10_000), st.booleans())
-def test_replicas_agree_once_all_deltas_are_delivered(n_groups, seed, adam):
-    """Whatever the interleaving of local steps, sends and deliveries, replicas end equal."""
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    opt = OptimizerConfig(name="adam" if adam else "sgd", lr=0.05, momentum=0.9, weight_decay=0.01)
-    start = Replica(torch.randn(50, generator=gen), torch.randn(6, generator=gen), opt, track_own=True)
-    replicas = [start.clone(opt) for _ in range(n_groups)]
-    in_flight: list[tuple[int, tuple[torch.Tensor, torch.Tensor]]] = []
-
-    def send(i: int) -> None:
-        delta = replicas[i].take_own_delta()
-        in_flight.extend((j, delta) for j in range(n_groups) if j != i)
-
-    for _ in range(60):
-        action, i = rng.random(), rng.randrange(n_groups)
-        if action < 0.5:
-            replicas[i].apply([torch.randn(50, generator=gen)], weight=0.25)
-            replicas[i].add_buffer_deltas([torch.randn(6, generator=gen)], weight=0.25)
-        elif action < 0.7:
-            send(i)
-        elif in_flight:
-            j, delta = in_flight.pop(rng.randrange(len(in_flight)))
-            replicas[j].receive_delta(*delta)
-    for i in range(n_groups):
-        send(i)
-    for j, delta in in_flight:
-        replicas[j].receive_delta(*delta)
-    for other in replicas[1:]:
-        assert torch.allclose(other.params.detach(), replicas[0].params.detach(), atol=1e-5)
-        assert torch.allclose(other.buffers, replicas[0].buffers, atol=1e-5)
-
-
-@settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 10_000))
-def test_a_replacement_from_a_peers_shared_snapshot_agrees_with_the_others_in_the_end(seed):
-    """A dead group's replica rebuilt from a peer (Replica.shared_snapshot): once every delta sent is
-    delivered, it equals the others. The peer's own unsent delta reaches it once, with the next exchange."""
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    opt = OptimizerConfig(name="sgd", lr=0.05, momentum=0.9)
-    start = Replica(torch.randn(20, generator=gen), torch.randn(3, generator=gen), opt, track_own=True)
-    replicas = [start.clone(opt) for _ in range(3)]
-    in_flight: list[tuple[int, tuple[torch.Tensor, torch.Tensor]]] = []
-
-    def step(i: int) -> None:
-        replicas[i].apply([torch.randn(20, generator=gen)], weight=0.25)
-        replicas[i].add_buffer_deltas([torch.randn(3, generator=gen)], weight=0.25)
-
-    def send(i: int) -> None:
-        delta = replicas[i].take_own_delta()
-        in_flight.extend((j, delta) for j in range(3) if j != i)
-
-    def play(rounds: int) -> None:
-        for _ in range(rounds):
-            action, i = rng.random(), rng.randrange(3)
-            if action < 0.5:
-                step(i)
-            elif action < 0.7:
-                send(i)
-            elif in_flight:
-                j, delta = in_flight.pop(rng.randrange(len(in_flight)))
-                replicas[j].receive_delta(*delta)
-
-    play(30)
-    # replica 1 dies: its unsent updates are lost, copies addressed to it are dropped, the rest arrives
-    for j, delta in [(j, d) for j, d in in_flight if j != 1]:
-        replicas[j].receive_delta(*delta)
-    in_flight.clear()
-    step(2)  # the peer holds an own delta it has not sent yet
-    replicas[1] = Replica(*replicas[2].shared_snapshot(), opt, track_own=True)
-    play(30)
-    for i in range(3):
-        send(i)
-    for j, delta in in_flight:
-        replicas[j].receive_delta(*delta)
-    for other in replicas[1:]:
-        assert torch.allclose(other.params.detach(), replicas[0].params.detach(), atol=1e-5)
-        assert torch.allclose(other.buffers, replicas[0].buffers, atol=1e-5)
-
-
-def _gssp(fast_config, *extra: str):
-    return fast_config("sync.scheme=gssp", "backend.mode=cost", "cluster.workers=8", TIERS,
-                       "sync.gssp.profile_iterations=3", "run.max_time_s=30", *extra)
-
-
-def test_gssp_frees_the_fast_workers_that_bsp_holds_back(fast_config, tmp_path):
-    gssp = train(_gssp(fast_config), tmp_path / "g")
-    bsp = train(_gssp(fast_config, "sync.scheme=bsp"), tmp_path / "b")
-    assert gssp["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    fast_g, fast_b = gssp["per_worker"][0], bsp["per_worker"][0]
-    assert fast_g["iterations"] > 6 * fast_b["iterations"]
-    assert fast_g["wait_s"] < 0.05 * fast_g["compute_s"] < fast_b["wait_s"]
-    # every push after the split is one group update (pushes in flight at the split: at most one per worker)
-    assert gssp["exchanges"] > 0
-    events = read_jsonl(tmp_path / "g" / "metrics.jsonl")
-    split = next(e["t"] for e in events if e["event"] == "groups" and e["reason"] == "profiled")
-    before = sum(1 for e in events if e["event"] == "iteration" and e["t"] <= split)
-    assert gssp["iterations"] - before - 8 <= sum(gssp["group_updates"]) <= gssp["iterations"] - before + 8
-
-
-def test_with_confirm_span_the_slow_tier_confirms_its_speed_before_the_split(fast_config, tmp_path):
-    gssp = train(_gssp(fast_config, "sync.gssp.confirm_span=96", "sync.gssp.confirm_fraction=1"), tmp_path / "g")
-    assert gssp["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    events = read_jsonl(tmp_path / "g" / "metrics.jsonl")
-    split = next(e["t"] for e in events if e["event"] == "groups" and e["reason"] == "profiled")
-    slow_before = [e for e in events if e["event"] == "iteration" and e["t"] <= split and e["worker"] >= 4]
-    assert 4 * 10 <= len(slow_before) <= 4 * 13  # 96 fastest iterations: about 12 of the 8x tier's each
-    fast_before = [e for e in events if e["event"] == "iteration" and e["t"] <= split and e["worker"] < 4]
-    # nobody waited for them once all were profiled (8x as fast); their 3 profiling iterations were waited for
-    assert len(fast_before) > 4 * 8 * (12 - 3) * 0.9
-
-
-def test_when_half_the_workers_look_slow_the_split_is_taken_on_the_profiles_as_without_confirmation(
-        fast_config, tmp_path):
-    """Tiers of 1x and 8x: 4 of 8 look slow, so speeds are spread; the default run is the confirm_span = 0 one."""
-    default = train(_gssp(fast_config), tmp_path / "d")
-    plain = train(_gssp(fast_config, "sync.gssp.confirm_span=0"), tmp_path / "p")
-    assert default["groups"] == plain["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    for key in ("iterations", "final_accuracy", "group_updates", "exchanges"):
-        assert default[key] == plain[key]
-
-
-def test_sustained_slowdown_is_regrouped_within_bounded_iterations(fast_config, tmp_path):
-    cfg = _gssp(fast_config, "cluster.speed_changes=[{worker = 0, at_s = 10.0, speed = 8.0}]")
-    train(cfg, tmp_path / "r")
-    events = read_jsonl(tmp_path / "r" / "metrics.jsonl")
-    regroups = [e for e in events if e["event"] == "groups" and e["reason"] == "regroup"]
-    assert len(regroups) == 1 and [0, 0, 1] in regroups[0]["moves"]
-    after = [e for e in events if e["event"] == "iteration" and e["worker"] == 0 and 10.0 <= e["t"] <= regroups[0]["t"]]
-    # the 20th-percentile estimate over a 20-iteration window moves after 17 slow iterations; plus patience
-    assert len(after) <= 25
-
-
-def test_transient_stragglers_do_not_cause_regrouping(fast_config, tmp_path):
-    cfg = _gssp(fast_config, "run.max_time_s=40", "cluster.stragglers.probability=0.05",
-                "cluster.stragglers.slowdown=4", "cluster.stragglers.duration=3", "sync.gssp.profile_iterations=10")
-    summary = train(cfg, tmp_path / "r")
-    events = read_jsonl(tmp_path / "r" / "metrics.jsonl")
-    assert sum(1 for e in events if e["event"] == "iteration" and e["worker"] == 0) > 1000
-    assert not [e for e in events if e["event"] == "groups" and e["reason"] == "regroup"]
-    assert summary["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_by_default_a_uniform_cluster_with_slow_spells_keeps_one_group(fast_config, tmp_path, seed):
-    """16 equal workers, 4x spells of 5 iterations: some worker is in a spell when profiled on most seeds;
-    the few that look slow confirm their speed (confirm_span, on by default) and never do."""
-    cfg = fast_config("sync.scheme=gssp", "backend.mode=cost", "cluster.workers=16", "cluster.profile=uniform",
-                      "cluster.stragglers.probability=0.05", "cluster.stragglers.slowdown=4",
-                      "cluster.stragglers.duration=5", "run.max_time_s=10", f"run.seed={seed}")
-    summary = train(cfg, tmp_path / "r")
-    assert summary["groups"] == [list(range(16))]
-
-
-def test_gssp_trains_and_evaluates_the_mean_of_the_replicas(fast_config, tmp_path):
-    cfg = fast_config("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "run.max_time_s=3",
-                      "run.stop_at_target=false")
-    summary = train(cfg, tmp_path / "r")
-    assert summary["groups"] == [[0, 1], [2, 3]]
-    assert summary["final_accuracy"] > 0.8
-    kinds = [e["event"] for e in read_jsonl(tmp_path / "r" / "metrics.jsonl")]
-    assert "exchange" in kinds
-
-
-def test_staleness_counts_every_update_a_received_delta_holds(fast_config, tmp_path):
-    """A group of one worker sees no staleness of its own: only its peers' deltas, exchange_every updates each."""
-    cfg = _gssp(fast_config, "cluster.workers=4", "cluster.speeds=[1, 8, 8, 8]", "sync.gssp.exchange_every=4",
-                "run.max_time_s=10")
-    summary = train(cfg, tmp_path / "r")
-    assert summary["groups"] == [[0], [1, 2, 3]]
-    events = read_jsonl(tmp_path / "r" / "metrics.jsonl")
-    split = next(e["t"] for e in events if e["event"] == "groups" and e["reason"] == "profiled")
-    seen = {e["staleness"] for e in events if e["event"] == "iteration" and e["worker"] == 0 and e["t"] > split + 1
-            and e["staleness"] is not None}
-    assert 4 in seen and all(s % 4 == 0 for s in seen)
-
-
-def test_a_group_does_not_wait_for_its_transient_stragglers(fast_config, tmp_path):
-    straggle = ("cluster.stragglers.probability=0.05", "cluster.stragglers.slowdown=4",
-                "cluster.stragglers.duration=5", "run.max_time_s=20")
-    excused = train(_gssp(fast_config, *straggle), tmp_path / "on")
-    waited = train(_gssp(fast_config, *straggle, "sync.gssp.transient_factor=0"), tmp_path / "off")
-    for summary in (excused, waited):  # a slow spell while profiling may split a third group, merged later
-        assert [g for g in summary["groups"] if g] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    wait = lambda s: sum(p["wait_s"] for p in s["per_worker"])  # noqa: E731
-    assert wait(excused) < 0.3 * wait(waited)
-    assert excused["iterations"] > 1.2 * waited["iterations"]
-
-
-def test_paced_groups_let_members_of_steadily_different_speeds_run_at_their_own(fast_config, tmp_path):
-    """1x and 1.4x workers share a group (under split_ratio 1.5): plain SSP runs both at the 1.4x pace, paced
-    SSP each at its own; the groups and the slow group's pace are the same either way."""
-    mixed = ("cluster.speeds=[1, 1, 1.4, 1.4, 8, 8, 8, 8]", "run.max_time_s=20")
-    paced = train(_gssp(fast_config, *mixed, "sync.gssp.paced=true"), tmp_path / "paced")
-    plain = train(_gssp(fast_config, *mixed, "sync.gssp.paced=false"), tmp_path / "plain")
-    for summary in (paced, plain):
-        assert summary["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    its = lambda s, w: s["per_worker"][w]["iterations"]  # noqa: E731
-    assert its(paced, 0) > 1.3 * its(paced, 2)  # each at its own speed
-    assert its(plain, 0) < 1.05 * its(plain, 2)  # the 1x workers held to the 1.4x pace
-    assert its(paced, 0) > 1.3 * its(plain, 0)
-    assert its(paced, 4) == pytest.approx(its(plain, 4), rel=0.05)
-    assert paced["per_worker"][0]["wait_s"] < 0.05 * plain["per_worker"][0]["wait_s"]
-
-
-@pytest.mark.parametrize("before, after", [(0.5, 0.1), (0.1, 0.9), (1.0, 0.25)])
-def test_a_share_change_keeps_what_the_velocity_still_moves(before, after):
-    """Regrouping changes a server's share; the momentum already built must not be applied at the new step size."""
-    opt = OptimizerConfig(name="sgd", lr=0.1, momentum=0.9)
-    r = Replica(torch.zeros(3), torch.zeros(0), opt)
-    r.set_update_share(before)
-    g = torch.tensor([1.0, -2.0, 0.5])
-    r.apply([g], 1.0)
-    r.apply([torch.zeros(3)], 1.0)
-    r.set_update_share(after)
-    for _ in range(600):
-        r.apply([torch.zeros(3)], 1.0)
-    assert torch.allclose(-r.params.detach(), 0.1 / (1 - 0.9) * g, rtol=1e-4)
 
 
 def test_a_global_exchange_clock_sends_in_proportion_to_each_groups_share_of_updates():
