@@ -71,13 +71,7 @@ def test_replicas_agree_once_all_deltas_are_delivered(n_groups, seed, adam):
         elif in_flight:
             j, delta = in_flight.pop(rng.randrange(len(in_flight)))
             replicas[j].receive_delta(*delta)
-    for i in range(n_groups):
-        send(i)
-    for j, delta in in_flight:
-        replicas[j].receive_delta(*delta)
-    for other in replicas[1:]:
-        assert torch.allclose(other.params.detach(), replicas[0].params.detach(), atol=1e-5)
-        assert torch.allclose(other.buffers, replicas[0].buffers, atol=1e-5)
+    _deliver_all_and_agree(replicas, send, in_flight)
 
 
 @settings(max_examples=20, deadline=None)
@@ -119,7 +113,12 @@ def test_a_replacement_from_a_peers_shared_snapshot_agrees_with_the_others_in_th
     step(2)  # the peer holds an own delta it has not sent yet
     replicas[1] = Replica(*replicas[2].shared_snapshot(), opt, track_own=True)
     play(30)
-    for i in range(3):
+    _deliver_all_and_agree(replicas, send, in_flight)
+
+
+def _deliver_all_and_agree(replicas: list[Replica], send, in_flight: list) -> None:
+    """Every replica sends what it holds, every delta in flight arrives: then all replicas are equal."""
+    for i in range(len(replicas)):
         send(i)
     for j, delta in in_flight:
         replicas[j].receive_delta(*delta)
