@@ -24,6 +24,7 @@ import argparse
 import json
 import statistics
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -104,18 +105,36 @@ def list_studies(studies: dict[str, dict[str, Any]], args: argparse.Namespace) -
     """One line per study: what it compares, where its runs go and how many of them have finished."""
     for name, study in studies.items():
         walls, planned = progress(study, args.seeds, args.tune_seeds)
+        others = [] if walls else workload_walls(ROOT / study["config"], ROOT / "runs" / "evidence")
         print(f"{name}: {study['title']} ({study['schemes']}); {len(walls)} of {planned} runs done in "
-              f"runs/evidence/{study['folder']}{time_left(walls, planned, args.jobs)}")
+              f"runs/evidence/{study['folder']}{time_left(walls, planned, args.jobs, others)}")
 
 
-def time_left(walls: list[float], planned: int, jobs: int) -> str:
+def time_left(walls: list[float], planned: int, jobs: int, others: list[float] | None = None) -> str:
     """The wall time the study's remaining runs should take, from the median of its finished ones (a guess: a
-    scheme's runs differ several-fold; what is left is often the slow schemes' evaluation seeds)."""
+    scheme's runs differ several-fold; what is left is often the slow schemes' evaluation seeds). A study with no
+    finished run is guessed from ``others``, the runs of other studies on its workload (clusters differ more)."""
     left = planned - len(walls)
-    if not left or not walls:
+    if not left or not (walls or others):
         return ""
-    median = statistics.median(walls)
-    return f"; about {left * median / max(jobs, 1) / 3600:.1f} h left at --jobs {jobs} (median run {median / 60:.0f} min)"
+    median = statistics.median(walls or others)
+    source = "median run" if walls else "guessed from the workload's other studies: median run"
+    return f"; about {left * median / max(jobs, 1) / 3600:.1f} h left at --jobs {jobs} ({source} {median / 60:.0f} min)"
+
+
+def workload_walls(config: Path, runs: Path) -> list[float]:
+    """The wall seconds of every finished run under ``runs`` whose model is ``config``'s (its workload)."""
+    model = tomllib.loads(config.read_text()).get("model", {}).get("name")
+    walls = []
+    for summary in runs.glob("*/**/summary.json"):
+        try:
+            ran = tomllib.loads((summary.parent / "config.toml").read_text()).get("model", {}).get("name")
+            wall = json.loads(summary.read_text()).get("wall_s")
+        except (OSError, ValueError):
+            continue
+        if ran == model and wall:
+            walls.append(float(wall))
+    return walls
 
 
 def compare_study(study: dict[str, Any], args: argparse.Namespace) -> tuple[dict[str, Any], Path]:

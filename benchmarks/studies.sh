@@ -114,7 +114,7 @@ if [[ "${1:-}" == "--status" ]]; then  # whether the queue runs, how far each st
     match($0, /in runs\/evidence\/[^;]+/) { folder = substr($0, RSTART, RLENGTH) }
     match($0, /about [0-9.]+ h left/) { h = substr($0, RSTART + 6, RLENGTH - 13); if (h > left[folder]) left[folder] = h }
     END { for (f in left) total += left[f]
-          printf "queue: at least %.1f h left at two runs at a time (a study with no finished run is not counted)\n", total }'
+          printf "queue: about %.1f h left at two runs at a time (a study not started is guessed from its workload'"'"'s other runs)\n", total }'
   exit 0
 fi
 PYTHONPATH=src "$PYTHON" benchmarks/run_archive.py restore

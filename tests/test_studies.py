@@ -430,6 +430,24 @@ def test_a_studys_time_left_comes_from_the_median_of_its_finished_runs():
         "; about 1.7 h left at --jobs 2 (median run 20 min)"  # 10 runs of 1200 s, two at a time
     assert evidence.time_left([], 10, 2) == ""  # nothing finished: nothing to time
     assert evidence.time_left([600.0], 1, 2) == ""  # nothing left
+    assert evidence.time_left([], 4, 2, others=[1800.0, 600.0, 1200.0]) == \
+        "; about 0.7 h left at --jobs 2 (guessed from the workload's other studies: median run 20 min)"
+
+
+def test_a_study_not_started_is_timed_by_its_workloads_finished_runs_elsewhere(tmp_path):
+    def run(folder: str, model: str, wall: float | None) -> None:
+        d = tmp_path / folder / "bsp" / "seed-0"
+        d.mkdir(parents=True)
+        (d / "config.toml").write_text(f'[model]\nname = "{model}"\n')
+        (d / "summary.json").write_text(json.dumps({"wall_s": wall}))
+
+    run("a", "resnet18", 600.0)
+    run("b", "resnet18", 900.0)
+    run("c", "transformer", 60.0)
+    run("d", "resnet18", None)  # cut short: no wall
+    (tmp_path / "e" / "bsp").mkdir(parents=True)
+    (tmp_path / "e" / "bsp" / "summary.json").write_text("{}")  # no config beside it
+    assert sorted(evidence.workload_walls(ROOT / "examples" / "shapes_bn.toml", tmp_path)) == [600.0, 900.0]
 
 
 def test_a_low_communication_study_in_the_readme_shows_its_bytes_and_its_front(tmp_path, monkeypatch):
