@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,7 +18,9 @@ from shoal.engine.gradients import GradientEngine
 from shoal.engine.task import Task
 from shoal.models import build_module
 from shoal.plugins import user_frame
-from shoal.network.training import AggregationPlan, plan_aggregation
+
+if TYPE_CHECKING:  # the planners (networkx, scipy, HiGHS) load only for a run that aggregates in the network
+    from shoal.network.training import AggregationPlan
 
 
 @dataclass
@@ -87,7 +90,11 @@ def build_setup(cfg: Config) -> RunSetup:
         batch = min(cfg.data.batch_size, len(dataset.y_train))
         measured = engine.measure_compute_s(dataset.x_train[:batch], dataset.y_train[:batch])
     profile = build_profile(cfg.cluster, cfg.run.seed, compute_s=measured)
-    aggregation = plan_aggregation(cfg) if cfg.network.aggregation == "ina" else None
+    aggregation = None
+    if cfg.network.aggregation == "ina":
+        from shoal.network.training import plan_aggregation
+
+        aggregation = plan_aggregation(cfg)
     return RunSetup(cfg, dataset, engine, profile, _streams(cfg, dataset), measured, aggregation)
 
 

@@ -21,6 +21,19 @@ except ImportError:
     raise ConfigError("backend.name = \"ray\": Ray is not installed; pip install 'shoal[ray]' "
                       "(make setup installs it)") from None
 
-from shoal.backends.ray.driver import DRAIN_S, RayBackend  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+if TYPE_CHECKING:
+    from shoal.backends.ray.driver import DRAIN_S, RayBackend
 
 __all__ = ["DRAIN_S", "RayBackend"]
+
+
+def __getattr__(name: str) -> Any:
+    """The driver loads on first use: an actor process imports its own module (worker.py, server.py, ...) through
+    this package, and should not import the driver and all it needs (the network planners among them)."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from shoal.backends.ray import driver
+
+    return getattr(driver, name)
