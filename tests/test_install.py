@@ -1,4 +1,5 @@
-"""What runs without the optional extras: sim, route and trace without Ray; route without torch either."""
+"""What runs without the optional extras (sim, route and trace without Ray; route without torch either), and what a
+ray actor's process does not import."""
 
 from __future__ import annotations
 
@@ -53,3 +54,14 @@ def test_route_needs_neither_torch_nor_ray(tmp_path):
     routed = without(tmp_path, "ray", "torch", args=["route", "--topology", "fattree:k=4", "--algo", "grid,atp"])
     assert routed.returncode == 0, routed.stderr
     assert "grid" in routed.stdout and "atp" in routed.stdout
+
+
+def test_a_ray_actor_imports_neither_the_driver_nor_the_network_planners():
+    """Each actor process imports its own module; the driver and the planners (networkx, scipy, HiGHS) cost every
+    actor about half a second of CPU at its start (shoal.backends.ray and shoal.network load them on first use)."""
+    pytest.importorskip("ray")
+    actors = ", ".join(f"shoal.backends.ray.{m}" for m in ("worker", "server", "collective", "evaluator", "switch"))
+    heavy = ("shoal.backends.ray.driver", "networkx", "scipy", "highspy")
+    code = f"import sys\nimport {actors}\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
