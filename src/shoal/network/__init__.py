@@ -7,8 +7,8 @@ paper's), ``exact`` (the paper model's optimum) and the baselines
 
 The names below load on first use: every ray worker imports the software
 switch (``shoal.network.dataplane``), and should not pay for networkx,
-scipy and HiGHS, which only the planners need (about a second of CPU per
-process).
+scipy and HiGHS, which only the planners need (about half a second of CPU
+per process).
 """
 
 from __future__ import annotations
