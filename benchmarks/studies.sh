@@ -10,7 +10,7 @@
 #   benchmarks/studies.sh --drain      # start no more runs: the queue ends when the runs in flight have finished
 #   benchmarks/studies.sh --stop       # end the queue, pack the finished runs, remove the worktree
 #   benchmarks/studies.sh --list       # what it would run, in order
-#   benchmarks/studies.sh --status     # how many runs of each are done
+#   benchmarks/studies.sh --status     # the runs in flight, and how many runs of each study are done
 #   nohup benchmarks/studies.sh >> /tmp/studies.log 2>&1 &    # the queue itself, in the foreground's folder
 #
 # --start runs the queue from a git worktree of HEAD ($STUDIES_WORKTREE, default /tmp/shoal-studies) whose
@@ -50,6 +50,17 @@ alive() {  # whether process group $1 holds a process that is not a zombie (ende
 
 queue_group() {  # the running queue's process group, or nothing
   [[ -s "$PGID_FILE" ]] && alive "$(cat "$PGID_FILE")" && cat "$PGID_FILE"
+}
+
+in_flight() {  # a run folder with events written in the last 10 minutes and no summary yet is in progress
+  local events dir t
+  find runs/evidence -name metrics.jsonl -mmin -10 2>/dev/null | sort | while read -r events; do
+    dir=$(dirname "$events")
+    [[ -e "$dir/summary.json" ]] && continue
+    # how far it is: the virtual time of its last event (a restarted run rewrites its folder, so no wall age)
+    t=$(tail -n 1 "$events" | grep -o '"t": [0-9.]*' | head -n 1 | cut -d' ' -f2)
+    echo "  in flight: ${dir#runs/evidence/} (at ${t%%.*} s of virtual time)"
+  done
 }
 
 case "${1:-}" in
@@ -103,6 +114,7 @@ if [[ "${1:-}" == "--status" ]]; then  # whether the queue runs, how far each st
     paused=$(ps -eo pgid=,stat= | awk -v g="$group" '$1 == g && $2 ~ /^T/ { n++ } END { print n + 0 }')
     echo "queue: running at $(git -C "$WORKTREE" rev-parse --short HEAD) in $WORKTREE (process group $group$(
       [[ $paused -gt 0 ]] && echo ", paused")$([[ -e "$WORKTREE/.drain" ]] && echo ", draining: no run starts"))"
+    in_flight  # so a drain can be timed: each run in progress, and how far it is
   else
     echo "queue: not running from $WORKTREE (--start starts it)"
   fi

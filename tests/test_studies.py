@@ -166,6 +166,12 @@ def test_a_drain_asks_every_study_folder_to_start_no_more_runs(tmp_path):
     shutil.copy(ROOT / "benchmarks" / "studies.sh", repo / "benchmarks")
     for folder in ("lowcomm-shapes-1g", "sim-signal-shapes"):
         (repo / "runs" / "evidence" / folder).mkdir(parents=True)
+    for run, finished in (("bsp/seed-0", False), ("bsp/seed-1", True)):  # one run in progress, one done
+        (repo / "runs" / "evidence" / "lowcomm-shapes-1g" / run).mkdir(parents=True)
+        (repo / "runs" / "evidence" / "lowcomm-shapes-1g" / run / "metrics.jsonl").write_text(
+            '{"event": "start", "t": 0.0}\n{"event": "eval", "t": 42.5, "accuracy": 0.5}\n')
+        if finished:
+            (repo / "runs" / "evidence" / "lowcomm-shapes-1g" / run / "summary.json").write_text("{}")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
     subprocess.run([*git, "add", "benchmarks"], cwd=repo, check=True)
@@ -185,7 +191,10 @@ def test_a_drain_asks_every_study_folder_to_start_no_more_runs(tmp_path):
     assert studies("--start").returncode == 0
     try:
         drained = studies("--drain")
-        assert "draining: no run starts" in studies("--status").stdout.splitlines()[0]
+        status = studies("--status").stdout.splitlines()
+        assert "draining: no run starts" in status[0]
+        assert status[1] == "  in flight: lowcomm-shapes-1g/bsp/seed-0 (at 42 s of virtual time)", status
+        assert not [line for line in status if "seed-1" in line]  # it has its summary: done
         assert (tmp_path / "queue" / ".drain").exists()  # the queue's loop starts no further study
     finally:
         assert studies("--stop").returncode == 0
