@@ -21,6 +21,7 @@ to benchmarks/results/evidence-STUDY.{json,md}.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -105,12 +106,12 @@ def list_studies(studies: dict[str, dict[str, Any]], args: argparse.Namespace) -
     """One line per study: what it compares, where its runs go and how many of them have finished."""
     for name, study in studies.items():
         walls, planned = progress(study, args.seeds, args.tune_seeds)
-        others = [] if walls else workload_walls(ROOT / study["config"], ROOT / "runs" / "evidence")
+        others = () if walls else workload_walls(ROOT / study["config"], ROOT / "runs" / "evidence")
         print(f"{name}: {study['title']} ({study['schemes']}); {len(walls)} of {planned} runs done in "
               f"runs/evidence/{study['folder']}{time_left(walls, planned, args.jobs, others)}")
 
 
-def time_left(walls: list[float], planned: int, jobs: int, others: list[float] | None = None) -> str:
+def time_left(walls: list[float], planned: int, jobs: int, others: tuple[float, ...] = ()) -> str:
     """The wall time the study's remaining runs should take, from the median of its finished ones (a guess: a
     scheme's runs differ several-fold; what is left is often the slow schemes' evaluation seeds). A study with no
     finished run is guessed from ``others``, the runs of other studies on its workload (clusters differ more)."""
@@ -122,7 +123,8 @@ def time_left(walls: list[float], planned: int, jobs: int, others: list[float] |
     return f"; about {left * median / max(jobs, 1) / 3600:.1f} h left at --jobs {jobs} ({source} {median / 60:.0f} min)"
 
 
-def workload_walls(config: Path, runs: Path) -> list[float]:
+@functools.cache  # one scan of the run folders per workload, however many studies have not started
+def workload_walls(config: Path, runs: Path) -> tuple[float, ...]:
     """The wall seconds of every finished run under ``runs`` whose model is ``config``'s (its workload)."""
     model = tomllib.loads(config.read_text()).get("model", {}).get("name")
     walls = []
@@ -134,7 +136,7 @@ def workload_walls(config: Path, runs: Path) -> list[float]:
             continue
         if ran == model and wall:
             walls.append(float(wall))
-    return walls
+    return tuple(walls)
 
 
 def compare_study(study: dict[str, Any], args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
