@@ -5,7 +5,7 @@
 # runs/evidence/ of the folder this is started from; results to benchmarks/results/.
 #
 #   benchmarks/studies.sh --start      # in the background, from a worktree of HEAD (edit main meanwhile)
-#   benchmarks/studies.sh --pause      # stop the queue's processes for a while (timing tests, CI) ...
+#   benchmarks/studies.sh --pause      # stop the queue's processes for a while (a timing that wants idle cores) ...
 #   benchmarks/studies.sh --continue   # ... and let them go on
 #   benchmarks/studies.sh --drain      # start no more runs: the queue ends when the runs in flight have finished
 #   benchmarks/studies.sh --stop       # end the queue, pack the finished runs, remove the worktree
@@ -16,6 +16,8 @@
 # --start runs the queue from a git worktree of HEAD ($STUDIES_WORKTREE, default /tmp/shoal-studies) whose
 # runs/evidence is this checkout's, so the committed code runs while this checkout changes; the worktree's
 # .queue.pgid holds the queue's process group, which the other commands signal. Log: $STUDIES_LOG.
+# The queue runs at the lowest CPU priority (nice 19): tests, CI and edits take the cores first and run at
+# nearly full speed beside it, and a sim run's results are in virtual time, so they do not depend on the load.
 #
 # A study takes longer than a session, and runs/ is not tracked: at the end of a session pack the finished runs
 # into git (`benchmarks/run_archive.py save`, then commit benchmarks/archive/); this script unpacks them first, so
@@ -77,8 +79,8 @@ case "${1:-}" in
     git worktree add --quiet --detach "$WORKTREE" HEAD
     mkdir -p runs/evidence "$WORKTREE/runs"
     ln -sfn "$(pwd)/runs/evidence" "$WORKTREE/runs/evidence"
-    # setsid: the queue leads its own process group, so one signal reaches every run it started
-    (cd "$WORKTREE" || exit 2; PYTHON="$PYTHON" setsid benchmarks/studies.sh >> "$LOG" 2>&1 < /dev/null &
+    # setsid: the queue leads its own process group, so one signal reaches every run it started; nice 19: see above
+    (cd "$WORKTREE" || exit 2; PYTHON="$PYTHON" setsid nice -n 19 benchmarks/studies.sh >> "$LOG" 2>&1 < /dev/null &
      echo $! > "$PGID_FILE")
     echo "queue started at $(git rev-parse --short HEAD) in $WORKTREE (process group $(cat "$PGID_FILE")); log: $LOG"
     exit 0 ;;
