@@ -65,6 +65,14 @@ in_flight() {  # a run folder with events written in the last 10 minutes and no 
   done
 }
 
+nice_session() {  # nice 19 for the scheduling group of session $1 once its leader has left ours (setsid)
+  local _
+  for _ in $(seq 50); do
+    if [[ "$(ps -o sid= -p "$1" | tr -d ' ')" == "$1" ]]; then echo 19 2>/dev/null > "/proc/$1/autogroup" || true; return; fi
+    sleep 0.1
+  done
+}
+
 case "${1:-}" in
   --start)
     if group=$(queue_group); then
@@ -79,9 +87,12 @@ case "${1:-}" in
     git worktree add --quiet --detach "$WORKTREE" HEAD
     mkdir -p runs/evidence "$WORKTREE/runs"
     ln -sfn "$(pwd)/runs/evidence" "$WORKTREE/runs/evidence"
-    # setsid: the queue leads its own process group, so one signal reaches every run it started; nice 19: see above
+    # setsid: the queue leads its own process group, so one signal reaches every run it started. nice 19 (see
+    # above) for the process and for its session's scheduling group: with autogroup scheduling (Linux's default on
+    # desktops and here) a new session gets its own group, whose share only the group's nice lowers
     (cd "$WORKTREE" || exit 2; PYTHON="$PYTHON" setsid nice -n 19 benchmarks/studies.sh >> "$LOG" 2>&1 < /dev/null &
      echo $! > "$PGID_FILE")
+    nice_session "$(cat "$PGID_FILE")"
     echo "queue started at $(git rev-parse --short HEAD) in $WORKTREE (process group $(cat "$PGID_FILE")); log: $LOG"
     exit 0 ;;
   --pause|--continue)
@@ -114,7 +125,8 @@ fi
 if [[ "${1:-}" == "--status" ]]; then  # whether the queue runs, how far each study is, then a total
   if group=$(queue_group); then
     paused=$(ps -eo pgid=,stat= | awk -v g="$group" '$1 == g && $2 ~ /^T/ { n++ } END { print n + 0 }')
-    echo "queue: running at $(git -C "$WORKTREE" rev-parse --short HEAD) in $WORKTREE (process group $group$(
+    share=$(grep -o 'nice -\?[0-9]*' "/proc/$group/autogroup" 2>/dev/null || echo "nice ?")
+    echo "queue: running at $(git -C "$WORKTREE" rev-parse --short HEAD) in $WORKTREE (process group $group, $share$(
       [[ $paused -gt 0 ]] && echo ", paused")$([[ -e "$WORKTREE/.drain" ]] && echo ", draining: no run starts"))"
     in_flight  # so a drain can be timed: each run in progress, and how far it is
   else
