@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, ROOT
+from conftest import FAST, ROOT, default_sigint
 
 SETS = sum((["-s", o] for o in FAST), [])
 
@@ -37,7 +37,7 @@ def test_ctrl_c_stops_the_whole_comparison_keeps_what_finished_and_exits_130(tmp
     args = [sys.executable, "-m", "shoal", "compare", "--schemes", schemes, *SETS, "-s", "run.max_time_s=500",
             "-s", "run.max_iterations=200", "-s", "run.stop_at_target=false", "-o", str(out), "--jobs", jobs]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_sigint)
     try:
         wait_for(out / "bsp" / "summary.json", 150)
         wait_for(out / long / "metrics.jsonl", 150)
