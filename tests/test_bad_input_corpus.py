@@ -33,7 +33,7 @@ TRAIN = [
     ("groups auto2", ["--set", "sync.scheme=gssp", "--set", "sync.gssp.groups=auto2"], "sync.gssp.groups"),
     ("sim checkpoints without rounds", ["--set", "sync.scheme=asp", "--set", "backend.sim_checkpoint_every_s=1"],
      "backend.sim_checkpoint_every_s"),
-    ("balance an asynchronous scheme", ["--set", "sync.scheme=asp", "--set", "sync.balance=batch"], "sync.balance"),
+    ("balance an asynchronous scheme", ["--set", "sync.scheme=asp", "--set", "sync.balance=batch"], "--set: sync.balance:"),
     ("balance bounds exclude the batch", ["--set", "sync.balance=batch", "--set", "balance.max_batch=8"], "balance"),
     ("balance mode unknown", ["--set", "sync.balance=samples"], "sync.balance"),
     ("section as a number", ["--set", "cluster=3"], "cluster"),
@@ -70,6 +70,18 @@ def test_train_refuses_in_one_line_and_writes_nothing(tmp_path: Path, capsys, mo
     code, err = run_main(["train", "--out", str(out), "-q", *FAST, *args], capsys, monkeypatch)
     assert_one_line(code, err, fragment)
     assert not out.exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("sets", "blamed"), [([], "bad.toml: sync.balance:"), (["--set", "run.seed=3"], "bad.toml with --set: sync.balance:"),
+                                              (["--set", "sync.balance=batch"], "error: --set: sync.balance:")])
+def test_a_check_across_sections_blames_where_its_key_was_written(tmp_path: Path, capsys, monkeypatch, sets: list[str],
+                                                                  blamed: str) -> None:
+    """A check that spans sections (balance needs rounds) names its key: on --set when an override wrote it, on the
+    file when the file did, and on both when the file's values meet the overrides."""
+    (tmp_path / "bad.toml").write_text('[sync]\nscheme = "asp"\nbalance = "batch"\n')
+    code, err = run_main(["train", "--config", str(tmp_path / "bad.toml"), "--dry-run", *sets], capsys, monkeypatch)
+    assert_one_line(code, err, blamed)
 
 
 @pytest.mark.parametrize("command", ["train", "compare"])

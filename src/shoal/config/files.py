@@ -43,8 +43,13 @@ def _format_error(err: ValidationError, source: str, overridden: set[str] = froz
         msg += did_you_mean(first["input"], [e.strip(" '\"") for e in str(first["ctx"]["expected"]).replace(
             " or ", ",").split(",")])
     more = f" (and {rest} more)" if rest > 0 else ""
-    if any(key == k or key.startswith(f"{k}.") or k.startswith(f"{key}.") for k in overridden) and key:
+    # a check across sections names its key at the start of its message ("sync.balance: ...")
+    head = msg.split(":", 1)[0]
+    named = key or (head if ":" in msg and " " not in head else "")
+    if named and any(named == k or named.startswith(f"{k}.") or k.startswith(f"{named}.") for k in overridden):
         source = "--set"
+    elif overridden and not key:  # the file's values together with the overrides
+        source = f"{source} with --set"
     return f"{source}: {key}: {msg}{more}" if key else f"{source}: {msg}{more}"
 
 
