@@ -84,6 +84,21 @@ def test_a_check_across_sections_blames_where_its_key_was_written(tmp_path: Path
     assert_one_line(code, err, blamed)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("args", "line"), [
+    (["--schemes", "bsp,asp+balance"], "error: scheme asp+balance: sync.balance: 'batch' sizes the work of synchronous"),
+    (["--schemes", "bsp@optimizer.lr=-1"], "error: scheme bsp@optimizer.lr=-1: optimizer.lr: Input should be greater"),
+    (["--schemes", "bsp", "--set", "optimizer.lr=-1"], "error: --set: optimizer.lr: Input should be greater than 0"),
+    (["--schemes", "bsp", "--tune-seeds", "1", "--tune", "optimizer.lr=0.1,-1"], "error: scheme bsp: --tune: optimizer.lr:"),
+])
+def test_compare_blames_the_scheme_spec_the_set_or_the_tune_that_wrote_a_bad_value(tmp_path: Path, capsys, monkeypatch,
+                                                                                 args: list[str], line: str) -> None:
+    out = tmp_path / "cmp"
+    code, err = run_main(["compare", "--out", str(out), "-q", *FAST, *args], capsys, monkeypatch)
+    assert_one_line(code, err, line)
+    assert err.startswith(line) and not out.exists()
+
+
 @pytest.mark.parametrize("command", ["train", "compare"])
 @pytest.mark.parametrize("target", ["/proc/1/nope", "afile/sub"])
 def test_an_unwritable_out_folder_is_one_line(tmp_path: Path, capsys, monkeypatch, command: str, target: str) -> None:

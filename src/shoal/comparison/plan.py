@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shoal.config import Config, load_config, toml_value
+from shoal.config import Config, load_config, override_keys, toml_value
 from shoal.errors import ConfigError
 from shoal.report.protocol import Protocol
 from shoal.report.rows import tuning_entry
@@ -70,8 +70,11 @@ def evaluation_runs(config: Path | None, scheme: Scheme, protocol: Protocol, ove
 def _planned(config: Path | None, scheme: Scheme, overrides: list[str], point: dict[str, Any], seed: int,
              run_dir: str, tuning: bool = False) -> PlannedRun:
     tuned = [f"{k}={toml_value(v)}" for k, v in point.items()]
+    # a value the scheme's own spec wrote is blamed on the scheme (the prefix below), not on --set
+    origins = ({key: "--tune" for key in override_keys(tuned)}
+               | {key: "" for key in override_keys(list(scheme.overrides))})
     try:
-        cfg = load_config(config, overrides + tuned + list(scheme.overrides) + [f"run.seed={seed}"])
+        cfg = load_config(config, overrides + tuned + list(scheme.overrides) + [f"run.seed={seed}"], origins)
     except ConfigError as err:
         raise ConfigError(f"scheme {scheme.name}: {err}") from None
     return PlannedRun(scheme.name, seed, cfg, run_dir, tuple(point.items()), scheme.pinned, tuning)

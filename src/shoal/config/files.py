@@ -17,9 +17,10 @@ from shoal.errors import ConfigError
 from shoal.registry import PLUGIN_PREFIX
 
 
-def _format_error(err: ValidationError, source: str, overridden: set[str] = frozenset()) -> str:
+def _format_error(err: ValidationError, source: str, overridden: dict[str, str] | None = None) -> str:
     """One line: the first problem, with its dotted key (union members merged, a "did you mean" for typos), blamed
-    on ``--set`` when an override wrote that key (``overridden``: their dotted keys), else on ``source``."""
+    on where an override of that key came from (``overridden``: dotted key -> "--set", or "" where the caller's
+    own prefix says it), else on ``source``."""
     errors = err.errors()
     first = errors[0]
     loc = [str(p) for p in first["loc"]]
@@ -46,11 +47,15 @@ def _format_error(err: ValidationError, source: str, overridden: set[str] = froz
     # a check across sections names its key at the start of its message ("sync.balance: ...")
     head = msg.split(":", 1)[0]
     named = key or (head if ":" in msg and " " not in head else "")
-    if named and any(named == k or named.startswith(f"{k}.") or k.startswith(f"{named}.") for k in overridden):
-        source = "--set"
-    elif overridden and not key:  # the file's values together with the overrides
-        source = f"{source} with --set"
-    return f"{source}: {key}: {msg}{more}" if key else f"{source}: {msg}{more}"
+    origins = overridden or {}
+    writers = [where for k, where in origins.items()
+               if named and (named == k or named.startswith(f"{k}.") or k.startswith(f"{named}."))]
+    if writers:
+        source = writers[-1]  # the last override of a key is the one that holds
+    elif origins and not key:  # the file's values together with the overrides
+        source = f"{source} with {' and '.join(dict.fromkeys(w for w in origins.values() if w)) or 'overrides'}"
+    prefix = f"{source}: " if source else ""
+    return f"{prefix}{key}: {msg}{more}" if key else f"{prefix}{msg}{more}"
 
 
 def _plain(msg: str) -> str:
@@ -135,15 +140,17 @@ def _is_value(path: list[str]) -> bool:
     return not is_section and getattr(annotation, "__origin__", None) is not dict
 
 
-def build_config(data: dict[str, Any], source: str = "config", overridden: set[str] = frozenset()) -> Config:
+def build_config(data: dict[str, Any], source: str = "config", overridden: dict[str, str] | None = None) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_error(err, source, overridden)) from None
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    """Read a TOML file (or the defaults when ``path`` is None) and apply overrides."""
+def load_config(path: str | Path | None, overrides: list[str] | None = None,
+                origins: dict[str, str] | None = None) -> Config:
+    """Read a TOML file (or the defaults when ``path`` is None) and apply overrides. An error blames an
+    override's key on ``--set``, or on ``origins[key]`` where the caller knows better ("" for no label)."""
     data: dict[str, Any] = {}
     source = "config"
     if path is not None:
@@ -156,8 +163,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{path}: not valid TOML: {err}") from None
         data = anchor_plugin_files(data, path.parent)
-    overridden = {".".join(parse_override(o)[0]) for o in overrides or []}
+    overridden = {key: "--set" for key in override_keys(overrides or [])} | (origins or {})
     return build_config(apply_overrides(data, overrides or []), source, overridden)
+
+
+def override_keys(overrides: list[str]) -> list[str]:
+    """The dotted key each ``key=value`` override writes."""
+    return [".".join(parse_override(o)[0]) for o in overrides]
 
 
 def anchor_plugin_files(value: Any, folder: Path) -> Any:
