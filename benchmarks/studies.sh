@@ -80,9 +80,13 @@ case "${1:-}" in
       exit 2
     fi
     git worktree prune
-    if [[ -e "$WORKTREE" ]]; then
-      echo "error: $WORKTREE exists; --stop removes it (or: git worktree remove --force $WORKTREE)" >&2
-      exit 2
+    if [[ -e "$WORKTREE" ]]; then  # a queue that ended (or was ended with the machine's session) left it behind
+      if ! git worktree list --porcelain | grep -qx "worktree $WORKTREE"; then
+        echo "error: $WORKTREE exists and is not a worktree of this checkout; remove it or set STUDIES_WORKTREE" >&2
+        exit 2
+      fi
+      echo "the last queue's worktree $WORKTREE is left from a queue no longer running: removing it (its runs are in runs/evidence)"
+      git worktree remove --force "$WORKTREE"
     fi
     git worktree add --quiet --detach "$WORKTREE" HEAD
     mkdir -p runs/evidence "$WORKTREE/runs"
