@@ -371,10 +371,15 @@ def test_a_failed_rank_ends_an_allreduce_run_cleanly(ray_session):
             backend.workers[2].fail_next.remote()
             failed_at.append(time.monotonic())
 
+    def evaluators() -> int:
+        return sum(len(handles) for key, handles in ActorPool._idle.items() if key[0] == "Evaluator")
+
+    kept_before = evaluators()
     _, summary = run_backend(ray_config("sync.intra_group=allreduce", "run.target_accuracy=0.99"), fail)
     assert summary["stop_reason"] == "worker_failed" and time.monotonic() - failed_at[0] < 6
     assert [f["worker"] for f in summary["failures"]] == [2] and summary["final_accuracy"] is not None
-    assert ActorPool.cpus_held(lambda key: key[0] == "CollectiveWorker") == 0  # a broken group is not kept
+    assert ActorPool.cpus_held(lambda key: key[0] == "CollectiveWorker") == 0  # a broken group is not kept ...
+    assert evaluators() == max(kept_before, 1)  # ... its evaluator is, for the next run
 
 
 @pytest.mark.timeout(150)  # a hang fails the test with its stack instead of blocking the suite
