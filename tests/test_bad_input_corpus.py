@@ -99,6 +99,14 @@ def test_compare_blames_the_scheme_spec_the_set_or_the_tune_that_wrote_a_bad_val
     assert err.startswith(line) and not out.exists()
 
 
+@pytest.mark.timeout(60)
+def test_compare_blames_the_file_for_a_value_it_wrote_that_a_scheme_cannot_take(tmp_path: Path, capsys, monkeypatch):
+    (tmp_path / "bal.toml").write_text('[sync]\nscheme = "bsp"\nbalance = "batch"\n')  # fine for bsp, not for asp
+    code, err = run_main(["compare", "--config", str(tmp_path / "bal.toml"), "--schemes", "bsp,asp", "--out",
+                          str(tmp_path / "cmp"), "-q"], capsys, monkeypatch)
+    assert_one_line(code, err, f"error: scheme asp: {tmp_path / 'bal.toml'}: sync.balance: 'batch' sizes the work")
+
+
 @pytest.mark.parametrize("command", ["train", "compare"])
 @pytest.mark.parametrize("target", ["/proc/1/nope", "afile/sub"])
 def test_an_unwritable_out_folder_is_one_line(tmp_path: Path, capsys, monkeypatch, command: str, target: str) -> None:

@@ -70,11 +70,11 @@ def evaluation_runs(config: Path | None, scheme: Scheme, protocol: Protocol, ove
 def _planned(config: Path | None, scheme: Scheme, overrides: list[str], point: dict[str, Any], seed: int,
              run_dir: str, tuning: bool = False) -> PlannedRun:
     tuned = [f"{k}={toml_value(v)}" for k, v in point.items()]
-    # a value the scheme's own spec wrote is blamed on the scheme (the prefix below), not on --set
-    origins = ({key: "--tune" for key in override_keys(tuned)}
-               | {key: "" for key in override_keys(list(scheme.overrides))})
+    # a value the scheme's own spec or the seed plan wrote is blamed on the scheme (the prefix below), not on --set
+    own = [*scheme.overrides, f"run.seed={seed}"]
+    origins = {key: "--tune" for key in override_keys(tuned)} | {key: "" for key in override_keys(own)}
     try:
-        cfg = load_config(config, overrides + tuned + list(scheme.overrides) + [f"run.seed={seed}"], origins)
+        cfg = load_config(config, overrides + tuned + own, origins)
     except ConfigError as err:
         raise ConfigError(f"scheme {scheme.name}: {err}") from None
     return PlannedRun(scheme.name, seed, cfg, run_dir, tuple(point.items()), scheme.pinned, tuning)

@@ -52,8 +52,8 @@ def _format_error(err: ValidationError, source: str, overridden: dict[str, str] 
                if named and (named == k or named.startswith(f"{k}.") or k.startswith(f"{named}."))]
     if writers:
         source = writers[-1]  # the last override of a key is the one that holds
-    elif origins and not key:  # the file's values together with the overrides
-        source = f"{source} with {' and '.join(dict.fromkeys(w for w in origins.values() if w)) or 'overrides'}"
+    elif not key and (labels := list(dict.fromkeys(w for w in origins.values() if w))):
+        source = f"{source} with {' and '.join(labels)}"  # the file's values together with the overrides
     prefix = f"{source}: " if source else ""
     return f"{prefix}{key}: {msg}{more}" if key else f"{prefix}{msg}{more}"
 
