@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The batched simulator on a lent GPU machine (issue 41), as one prepared run: torch 2.11 there, no registry.
-#   1. install the wheels carried in wheels/ (pydantic, simpy, jenkspy, highspy, mlxtend, ...: `pip download`
-#      them here first) without dependencies, and shoal itself from the working tree;
+#   1. install the wheels carried in wheels/ (pydantic, simpy, jenkspy, highspy, mlxtend: benchmarks/gpu_wheels.sh
+#      fetches them here first) without dependencies, and shoal itself from the working tree;
 #   2. the batched simulator's tests on that torch version (equivalence on the CPU, schemes, fallback);
 #   3. seconds per simulated round, loop against batched, on CUDA (backend.device auto), results into $OUT;
 #   4. the same for balanced BSP (unequal batches padded into one call), 64 workers.
-# Usage on the device: bash benchmarks/gpu_batched.sh   (needs $OUT; about 8 minutes)
+# Usage on the device: bash benchmarks/gpu_batched.sh   (needs $OUT; about 8 minutes), carrying wheels/
 set -euo pipefail
-python -m pip install -q --no-deps --no-index wheels/*.whl 2>&1 | tail -2 || true
+# wheels/ (benchmarks/gpu_wheels.sh) holds each package for several Pythons: by name, pip takes the one that fits
+python -m pip install -q --no-deps --no-index --find-links wheels pydantic pydantic_core annotated-types \
+  typing-inspection typing_extensions simpy jenkspy highspy mlxtend 2>&1 | tail -2 || true
 python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2 || true
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0))"
 timeout 150 python -m pytest -q -p no:cacheprovider tests/test_batched.py 2>&1 | tail -5 || true
