@@ -7,9 +7,17 @@
 #   4. the same for balanced BSP (unequal batches padded into one call), 64 workers.
 # Usage on the device: bash benchmarks/gpu_batched.sh   (needs $OUT; about 8 minutes), carrying wheels/
 set -euo pipefail
-# wheels/ (benchmarks/gpu_wheels.sh) holds each package for several Pythons: by name, pip takes the one that fits
-python -m pip install -q --no-deps --no-index --find-links wheels pydantic pydantic_core annotated-types \
-  typing-inspection typing_extensions simpy jenkspy highspy mlxtend 2>&1 | tail -2 || true
+# wheels/ (benchmarks/gpu_wheels.sh) holds each package for several Pythons: by name, pip takes the one that fits;
+# all in one call, else one at a time (one that does not fit must not keep the others out)
+WHEELS=(pydantic pydantic_core annotated-types typing-inspection typing_extensions simpy jenkspy highspy mlxtend
+        pytest pluggy iniconfig pytest-timeout hypothesis sortedcontainers attrs)
+install() {  # pip's own exit status; its output without the lines about index folders this machine lacks
+  local rc=0
+  python -m pip install -q --no-deps --no-index --find-links wheels "$@" > "${TMPDIR:-/tmp}/pip.log" 2>&1 || rc=$?
+  grep -v "^WARNING: Location" "${TMPDIR:-/tmp}/pip.log" | tail -3 || true
+  return "$rc"
+}
+install "${WHEELS[@]}" || for wheel in "${WHEELS[@]}"; do install "$wheel" || echo "not installed: $wheel"; done
 python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2 || true
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0))"
 timeout 150 python -m pytest -q -p no:cacheprovider tests/test_batched.py 2>&1 | tail -5 || true

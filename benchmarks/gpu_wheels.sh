@@ -7,8 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="${PIP:-.venv/bin/pip}"
-# what the machine lacks: pydantic (with its own four, typing_extensions in case), simpy, jenkspy, highspy, mlxtend
-PACKAGES=(pydantic pydantic_core annotated-types typing-inspection typing_extensions simpy jenkspy highspy mlxtend)
+# what the machine lacks: pydantic (with its own four, typing_extensions in case), simpy, jenkspy, highspy, mlxtend;
+# and the test tools the run uses there (pytest with its own, pytest-timeout, hypothesis)
+PACKAGES=(pydantic pydantic_core annotated-types typing-inspection typing_extensions simpy jenkspy highspy mlxtend
+          pytest pluggy iniconfig pytest-timeout hypothesis sortedcontainers attrs)
 pinned=()
 for package in "${PACKAGES[@]}"; do
   version=$("$PIP" show "$package" 2>/dev/null | awk '/^Version:/ { print $2 }')
