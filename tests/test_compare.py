@@ -334,3 +334,19 @@ def test_a_time_to_target_spanning_fewer_than_twenty_evaluations_is_warned_about
                                                        "(every 2 s)")
     by_iterations = resolution_warnings(rows, load_config(None, ["run.eval_every_iterations=250"]))
     assert [w.split("'")[0] for w in by_iterations] == ["resolution: bsp"]  # 4000 / 250 = 16 < 20; 9000 / 250 = 36
+
+
+@pytest.mark.timeout(30)
+def test_a_piped_results_table_keeps_every_column_whole_and_a_row_per_line(capsys, tmp_path):
+    """Piped or logged (no terminal), rich would fit the table into 80 columns and cut every header and cell."""
+    from shoal.commands.compare import print_table
+
+    row = {"scheme": "gssp@sync.gssp.staleness=3", "time_to_target_s": 24.0, "speedup_vs_bsp": 4.0,
+           "final_accuracy": 0.96, "bytes_up": 255e6, "iterations": 1032, "seeds": [1, 2, 3], "reached": 3,
+           "time_to_target_interval": {"ci95": [20.0, 28.5]}, "p_value": 0.1, "versus": "bsp"}
+    print_table({"target_accuracy": 0.95, "seeds": 3, "backend": "sim", "rows": [row]}, tmp_path / "report.html")
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if "scheme" in line)
+    for column in ("time to 95%", "95% interval", "reached", "vs BSP", "final accuracy", "upload", "iterations"):
+        assert column in header, header
+    assert any("gssp@sync.gssp.staleness=3" in line and "20.0s..28.5s" in line and "1,032" in line for line in lines)

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from shoal.commands.common import backend_override, user_errors_exit_2
+from shoal.commands.common import backend_override, table_console, user_errors_exit_2
 from shoal.comparison import STOP_FILE, Interrupted, command_line, run_comparison
 from shoal.report.schemes import bases
 
@@ -96,7 +95,7 @@ def print_table(result: dict[str, Any], report: Path) -> None:
                       "-" if p is None else f"{p:.3g}"]
         table.add_row(*cells, "-" if sp is None else f"{sp:.2f}x", "-" if acc is None else f"{acc:.4f}",
                       human_bytes(r.get("bytes_up")), f"{r['iterations']:,.0f}")
-    Console().print(table)
+    table_console().print(table)  # piped or logged: every column whole, a line per row
     versus = next((r["versus"] for r in result["rows"] if r.get("versus")), None)
     if many and versus:
         typer.echo(f"p: two-sided Mann-Whitney U of the per-seed times against the best baseline, {versus}")

@@ -10,7 +10,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from shoal.commands.common import backend_override, user_errors_exit_2
+from shoal.commands.common import backend_override, table_console, user_errors_exit_2
 from shoal.progress import TrainProgress, worker_table
 from shoal.config import load_config
 
@@ -68,7 +68,7 @@ def train(
 
 
 def _print_summary(summary: dict[str, Any], out: Path) -> None:
-    out_console = Console()
+    out_console = table_console()  # piped or logged: every column whole, a line per row
     out_console.print(worker_table(summary))
     ttt = summary["time_to_target_s"]
     metric = summary.get("metric", "accuracy")
