@@ -350,3 +350,20 @@ def test_a_piped_results_table_keeps_every_column_whole_and_a_row_per_line(capsy
     for column in ("time to 95%", "95% interval", "reached", "vs BSP", "final accuracy", "upload", "iterations"):
         assert column in header, header
     assert any("gssp@sync.gssp.staleness=3" in line and "20.0s..28.5s" in line and "1,032" in line for line in lines)
+
+
+@pytest.mark.timeout(30)
+def test_a_logged_comparison_says_each_finished_run_on_one_line(capsys):
+    """A study's log is read with grep: every finished run is one line, however long, not wrapped at 80 columns."""
+    from types import SimpleNamespace
+
+    from shoal.comparison.execute import RunsProgress
+
+    run = SimpleNamespace(scheme="streaming_diloco@sync.streaming_diloco.outer_quantization=fp4", tuning=True,
+                          point=(("sync.streaming_diloco.outer_lr", 0.7),), run_dir="x/tune/y/seed-1", seed=1)
+    summary = {"time_to_target_s": 32.9, "final_accuracy": 0.876, "iterations": 8160, "wall_s": 1113.0}
+    with RunsProgress(1, quiet=False) as progress:
+        progress.end(run, summary)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert any(line.startswith("done streaming_diloco@") and line.endswith("8160 iterations, wall 1113s")
+               for line in lines), lines

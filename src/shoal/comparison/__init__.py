@@ -69,7 +69,7 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
     with console.status("drawing the plots and writing report.html") if not quiet else nullcontext():
         report = write_report(out)
     for warning in result["warnings"] if not quiet else []:
-        console.print(f"[yellow]warning:[/] {warning}")
+        console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
     return result, report
 
 

@@ -220,7 +220,7 @@ class RunsProgress:
         acc_text = f"{acc:.3f}" if acc is not None else "-"
         self.bar.console.print(f"[green]{'kept' if reused else 'done'}[/] {self._label(run)}: {reached}, final "
                                f"{summary.get('metric', 'accuracy')} {acc_text}, {summary['iterations']} iterations, "
-                               f"wall {summary['wall_s']:.0f}s")
+                               f"wall {summary['wall_s']:.0f}s", soft_wrap=True)  # a line per run in a log
 
     def __exit__(self, *exc: Any) -> None:
         if not self.quiet:
