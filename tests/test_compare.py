@@ -350,6 +350,18 @@ def test_a_piped_results_table_keeps_every_column_whole_and_a_row_per_line(capsy
     for column in ("time to 95%", "95% interval", "reached", "vs BSP", "final accuracy", "upload", "iterations"):
         assert column in header, header
     assert any("gssp@sync.gssp.staleness=3" in line and "20.0s..28.5s" in line and "1,032" in line for line in lines)
+    assert "95% interval: a bootstrap interval of the median, from 5 seeds on (--seeds)" in lines  # 3 seeds here
+
+
+@pytest.mark.timeout(30)
+def test_the_table_explains_a_missing_interval_only_when_seeds_are_too_few(capsys, tmp_path):
+    from shoal.commands.compare import print_table
+
+    row = {"scheme": "bsp", "time_to_target_s": 24.0, "speedup_vs_bsp": 1.0, "final_accuracy": 0.96, "bytes_up": 1e6,
+           "iterations": 10, "reached": 5, "time_to_target_interval": {"ci95": [20.0, 28.5]}}
+    print_table({"target_accuracy": 0.95, "seeds": 5, "backend": "sim", "rows": [{**row, "seeds": [0, 1, 2, 3, 4]}]},
+                tmp_path / "report.html")
+    assert "bootstrap" not in capsys.readouterr().out
 
 
 @pytest.mark.timeout(30)

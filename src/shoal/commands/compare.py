@@ -70,6 +70,7 @@ def compare(
 
 def print_table(result: dict[str, Any], report: Path) -> None:
     """The results table on stdout, then where the report is."""
+    from shoal.report.tuning import BOOTSTRAP_FROM
     from shoal.report.units import human_bytes
 
     target = result["target_accuracy"] if result.get("target") is None else result["target"]
@@ -99,6 +100,8 @@ def print_table(result: dict[str, Any], report: Path) -> None:
     versus = next((r["versus"] for r in result["rows"] if r.get("versus")), None)
     if many and versus:
         typer.echo(f"p: two-sided Mann-Whitney U of the per-seed times against the best baseline, {versus}")
+    if many and any(len(r.get("seeds", [])) < BOOTSTRAP_FROM for r in result["rows"]):
+        typer.echo(f"95% interval: a bootstrap interval of the median, from {BOOTSTRAP_FROM} seeds on (--seeds)")
     typer.echo(f"report: {report}")
 
 
