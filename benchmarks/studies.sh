@@ -81,7 +81,7 @@ case "${1:-}" in
     fi
     git worktree prune
     if [[ -e "$WORKTREE" ]]; then  # a queue that ended (or was ended with the machine's session) left it behind
-      if ! git worktree list --porcelain | grep -qx "worktree $WORKTREE"; then
+      if ! git worktree list --porcelain | grep -x "worktree $WORKTREE" > /dev/null; then  # no -q: no SIGPIPE
         echo "error: $WORKTREE exists and is not a worktree of this checkout; remove it or set STUDIES_WORKTREE" >&2
         exit 2
       fi
