@@ -7,10 +7,9 @@
 #   4. the same for balanced BSP (unequal batches padded into one call), 64 workers.
 # Usage on the device: bash benchmarks/gpu_batched.sh   (needs $OUT; about 8 minutes), carrying wheels/
 set -euo pipefail
-# wheels/ (benchmarks/gpu_wheels.sh) holds each package for several Pythons: by name, pip takes the one that fits;
-# all in one call, else one at a time (one that does not fit must not keep the others out)
-WHEELS=(pydantic pydantic_core annotated-types typing-inspection typing_extensions simpy jenkspy highspy mlxtend
-        pytest pluggy iniconfig pytest-timeout hypothesis sortedcontainers attrs)
+# wheels/ (benchmarks/gpu_wheels.sh) holds each package of wheels/requirements.txt for several Pythons: pip takes
+# the one that fits; all in one call, else one at a time (one that does not fit must not keep the others out)
+mapfile -t WHEELS < wheels/requirements.txt
 install() {  # pip's own exit status; its output without the lines about index folders this machine lacks
   local rc=0
   python -m pip install -q --no-deps --no-index --find-links wheels "$@" > "${TMPDIR:-/tmp}/pip.log" 2>&1 || rc=$?

@@ -336,15 +336,20 @@ def test_a_time_to_target_spanning_fewer_than_twenty_evaluations_is_warned_about
     assert [w.split("'")[0] for w in by_iterations] == ["resolution: bsp"]  # 4000 / 250 = 16 < 20; 9000 / 250 = 36
 
 
+def _table_row(**changes):
+    """A compare.json row as print_table reads it."""
+    return {"scheme": "gssp@sync.gssp.staleness=3", "time_to_target_s": 24.0, "speedup_vs_bsp": 4.0,
+            "final_accuracy": 0.96, "bytes_up": 255e6, "iterations": 1032, "seeds": [1, 2, 3], "reached": 3,
+            "time_to_target_interval": {"ci95": [20.0, 28.5]}, "p_value": 0.1, "versus": "bsp", **changes}
+
+
 @pytest.mark.timeout(30)
 def test_a_piped_results_table_keeps_every_column_whole_and_a_row_per_line(capsys, tmp_path):
     """Piped or logged (no terminal), rich would fit the table into 80 columns and cut every header and cell."""
     from shoal.commands.compare import print_table
 
-    row = {"scheme": "gssp@sync.gssp.staleness=3", "time_to_target_s": 24.0, "speedup_vs_bsp": 4.0,
-           "final_accuracy": 0.96, "bytes_up": 255e6, "iterations": 1032, "seeds": [1, 2, 3], "reached": 3,
-           "time_to_target_interval": {"ci95": [20.0, 28.5]}, "p_value": 0.1, "versus": "bsp"}
-    print_table({"target_accuracy": 0.95, "seeds": 3, "backend": "sim", "rows": [row]}, tmp_path / "report.html")
+    print_table({"target_accuracy": 0.95, "seeds": 3, "backend": "sim", "rows": [_table_row()]},
+                tmp_path / "report.html")
     lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if "scheme" in line)
     for column in ("time to 95%", "95% interval", "reached", "vs BSP", "final accuracy", "upload", "iterations"):
@@ -357,10 +362,8 @@ def test_a_piped_results_table_keeps_every_column_whole_and_a_row_per_line(capsy
 def test_the_table_explains_a_missing_interval_only_when_seeds_are_too_few(capsys, tmp_path):
     from shoal.commands.compare import print_table
 
-    row = {"scheme": "bsp", "time_to_target_s": 24.0, "speedup_vs_bsp": 1.0, "final_accuracy": 0.96, "bytes_up": 1e6,
-           "iterations": 10, "reached": 5, "time_to_target_interval": {"ci95": [20.0, 28.5]}}
-    print_table({"target_accuracy": 0.95, "seeds": 5, "backend": "sim", "rows": [{**row, "seeds": [0, 1, 2, 3, 4]}]},
-                tmp_path / "report.html")
+    print_table({"target_accuracy": 0.95, "seeds": 5, "backend": "sim",
+                 "rows": [_table_row(seeds=[0, 1, 2, 3, 4], reached=5)]}, tmp_path / "report.html")
     assert "bootstrap" not in capsys.readouterr().out
 
 

@@ -422,8 +422,9 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         reusable = {h._actor_id for w, h in self.workers.items() if w in self.alive and w not in running}
         reusable |= {h._actor_id for h in [*self.servers, *self.spares, *self.standby]}
         pooling = ActorPool.enabled and self.where == "existing" and self.started
-        if self.collective:  # a rank is kept only from a run whose groups all ended well (the evaluator and the
-            ranks = {h._actor_id for h in self.workers.values()}  # servers are kept either way)
+        # a rank is kept only from a run whose groups all ended well; the evaluator and servers are kept either way
+        if self.collective:
+            ranks = {h._actor_id for h in self.workers.values()}
             reusable = reusable | ranks if not self.failures and not self._run_refs else reusable - ranks
         if self.evaluator is not None:
             reusable.add(self.evaluator._actor_id)
