@@ -380,5 +380,24 @@ def test_a_logged_comparison_says_each_finished_run_on_one_line(capsys):
     with RunsProgress(1, quiet=False) as progress:
         progress.end(run, summary)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert any(line.startswith("done streaming_diloco@") and line.endswith("8160 iterations, wall 1113s")
+    assert any(line.startswith("done streaming_diloco@") and line.endswith("8160 iterations, wall 1113s; 1/1 runs")
                for line in lines), lines
+
+
+@pytest.mark.timeout(30)
+def test_each_finished_run_says_how_long_the_rest_will_take_at_the_mean_run_so_far(capsys):
+    """Runs kept by --resume took no time here, so they do not count; the rest run ``jobs`` at a time."""
+    from types import SimpleNamespace
+
+    from shoal.comparison.execute import RunsProgress
+
+    run = SimpleNamespace(scheme="bsp", tuning=False, point=(), run_dir="bsp/seed-0", seed=0)
+    with RunsProgress(8, quiet=False, jobs=2) as progress:
+        progress.end(run, {"time_to_target_s": 1.0, "final_accuracy": 0.9, "iterations": 10, "wall_s": 5000.0},
+                     reused=True)
+        progress.end(run, {"time_to_target_s": 1.0, "final_accuracy": 0.9, "iterations": 10, "wall_s": 600.0})
+        progress.end(run, {"time_to_target_s": None, "final_accuracy": 0.5, "iterations": 10, "wall_s": 1200.0})
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines[0].endswith("wall 5000s; 1/8 runs")  # nothing run here yet: no guess
+    assert lines[1].endswith("wall 600s; 2/8 runs, about 30 min left")  # 6 left, 3 rounds of 2 at 600 s
+    assert lines[2].endswith("wall 1200s; 3/8 runs, about 45 min left")  # 5 left, 3 rounds at 900 s

@@ -51,7 +51,7 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
     total = len(plan) + (len(eval_dirs) if protocol.tune_seeds else 0)
     tuning: list[tuple[PlannedRun, dict[str, Any]]] = []
     try:
-        with RunsProgress(total, quiet) as progress:
+        with RunsProgress(total, quiet, jobs) as progress:
             summaries = execute(plan, out, progress, jobs, resume)
             if protocol.tune_seeds:
                 tuning = list(zip(plan, summaries))

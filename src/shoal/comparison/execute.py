@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -175,10 +176,12 @@ def _same_config(path: Path, cfg: Config) -> bool:
 
 
 class RunsProgress:
-    """Two bars on stderr: runs done of total, and the current run's virtual time, iterations, accuracy."""
+    """Two bars on stderr: runs done of total (with the time left), and the current run's virtual time,
+    iterations, accuracy; a line per finished run, which a log keeps."""
 
-    def __init__(self, total: int, quiet: bool) -> None:
-        self.quiet, self.total = quiet, total
+    def __init__(self, total: int, quiet: bool, jobs: int = 1) -> None:
+        self.quiet, self.total, self.jobs = quiet, total, max(1, jobs)
+        self.walls: list[float] = []  # wall seconds of the runs this comparison ran (not those --resume kept)
         self.bar = Progress(
             TextColumn("{task.description}", style="bold"), BarColumn(), TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), console=console, transient=True,
@@ -214,14 +217,35 @@ class RunsProgress:
         if self.quiet:
             return
         self.done += 1
-        self.bar.update(self.all, completed=self.done, info=f"{self.done}/{self.total} runs")
+        if not reused:
+            self.walls.append(summary["wall_s"])
+        runs = f"{self.done}/{self.total} runs{self.time_left()}"
+        self.bar.update(self.all, completed=self.done, info=runs)
         ttt, acc = summary["time_to_target_s"], summary.get("final_metric", summary["final_accuracy"])
         reached = f"target at {ttt:.1f}s" if ttt is not None else "target not reached"
         acc_text = f"{acc:.3f}" if acc is not None else "-"
         self.bar.console.print(f"[green]{'kept' if reused else 'done'}[/] {self._label(run)}: {reached}, final "
                                f"{summary.get('metric', 'accuracy')} {acc_text}, {summary['iterations']} iterations, "
-                               f"wall {summary['wall_s']:.0f}s", soft_wrap=True)  # a line per run in a log
+                               f"wall {summary['wall_s']:.0f}s; {runs}", soft_wrap=True)  # a line per run in a log
+
+    def time_left(self) -> str:
+        """", about T left": the runs still to do at the mean wall time of those run so far, ``jobs`` at a time
+        (a guess: runs of other schemes may take longer); nothing before a run has finished here."""
+        left = self.total - self.done
+        if not self.walls or left <= 0:
+            return ""
+        seconds = sum(self.walls) / len(self.walls) * math.ceil(left / self.jobs)
+        return f", about {duration(seconds)} left"
 
     def __exit__(self, *exc: Any) -> None:
         if not self.quiet:
             self.bar.stop()
+
+
+def duration(seconds: float) -> str:
+    """A rough duration: "40 s", "12 min", "3.5 h"."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
