@@ -43,7 +43,7 @@ def test_a_local_sgd_run_skips_the_evaluations_between_syncs_and_records_the_sam
 
     def events(reuse: bool) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
         if not reuse:
-            monkeypatch.setattr(gradients, "_equal", lambda *_: False)
+            monkeypatch.setattr(gradients.LastEvaluation, "answers", lambda *_: False)
         setup = build_setup(cfg)
         recorder = RunRecorder()
         summary = SimBackend(setup, recorder).run()

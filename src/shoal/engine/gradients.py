@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -79,7 +80,7 @@ class GradientEngine:
         self.num_params = sum(p.numel() for p in self._params)
         self.num_buffer_values = sum(b.numel() for b in self._buffers)
         self.evaluated: tuple[torch.Tensor, torch.Tensor] | None = None  # the state of the latest evaluation
-        self._last_evaluation: tuple[tuple[torch.Tensor, ...], int, Evaluation] | None = None  # see evaluate
+        self._last_evaluation: LastEvaluation | None = None  # see evaluate
         self.evaluations_skipped = 0  # evaluations answered from the last one (the state had not changed)
 
     def to(self, device: torch.device) -> GradientEngine:
@@ -166,10 +167,9 @@ class GradientEngine:
         batch = batch or (EVAL_BATCH_CPU if self.device.type == "cpu" else EVAL_BATCH_DEVICE)
         self.evaluated = (params, buffers)
         last = self._last_evaluation
-        if last is not None and last[1] == batch and last[0][2] is x and last[0][3] is y \
-                and _equal((params, buffers), last[0][:2]):
+        if last is not None and last.answers(params, buffers, x, y, batch):
             self.evaluations_skipped += 1  # the model has not moved since (local SGD and DiLoCo between syncs)
-            return last[2]
+            return last.result
         self._load(params, buffers)
         self.model.eval()
         outputs, targets = [], []
@@ -178,7 +178,7 @@ class GradientEngine:
             targets.append(y[start : start + batch])
         evaluation = self.task.judge(outputs, targets)
         # copies: a caller may change its own tensors in place afterwards
-        self._last_evaluation = ((params.clone(), buffers.clone(), x, y), batch, evaluation)
+        self._last_evaluation = LastEvaluation(params.clone(), buffers.clone(), x, y, batch, evaluation)
         return evaluation
 
     def state_dict(self, params: torch.Tensor, buffers: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -199,7 +199,20 @@ class GradientEngine:
         return sorted(times)[len(times) // 2]
 
 
-def _equal(now: tuple[torch.Tensor, ...], before: tuple[torch.Tensor, ...]) -> bool:
-    """Whether each tensor equals its counterpart in shape, type, device and every value."""
-    return all(a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
-               for a, b in zip(now, before, strict=True))
+
+class LastEvaluation(NamedTuple):
+    """The state, examples and batch of the latest evaluation, and its result."""
+
+    params: torch.Tensor
+    buffers: torch.Tensor
+    x: torch.Tensor
+    y: torch.Tensor
+    batch: int
+    result: Evaluation
+
+    def answers(self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                batch: int) -> bool:
+        """Whether ``result`` is this evaluation's too: the same examples (objects), batch and state (values)."""
+        return x is self.x and y is self.y and batch == self.batch and all(
+            a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+            for a, b in ((params, self.params), (buffers, self.buffers)))
