@@ -26,11 +26,11 @@ Usage:
     .venv/bin/python benchmarks/balance.py --list
 
 Results: benchmarks/results/balance-STUDY.{json,md}. On the BN image
-workload a run costs about twice a transformer run on this CPU (93 ms a
-ResNet-18 step), so its studies add to the evidence study's baselines only
-the remedy that won on the transformer (balanced BSP), named before they
-run: on each cluster the evidence study of the same cluster plus balanced
-BSP (every other run shared). The other remedies join where a GPU runs the
+workload a run costs about three times a transformer run on this CPU (93 ms a
+ResNet-18 step; a median of 15 against 4.5 minutes in the 1 Gbit/s studies), so
+its studies add to the evidence study's baselines only the remedy that won on
+the transformer (balanced BSP), named before they run: on each cluster the
+evidence study of the same cluster plus balanced BSP (every other run shared). The other remedies join where a GPU runs the
 batched simulator.
 """
 

@@ -36,7 +36,7 @@ LOGNORMAL_16 = ["cluster.workers=16", "cluster.profile=lognormal", "cluster.logn
 LM = {"config": "examples/stdlib_lm.toml", "sets": ["run.max_time_s=400", "run.max_iterations=10000",
                                                    "backend.log_iterations=false"]}
 SCHEMES = "bsp,asp,ssp,gssp,localsgd,diloco"
-#: the BN image workload (docs/workloads.md); a run costs about twice a transformer run on this CPU
+#: the BN image workload (docs/workloads.md); a run costs about three times a transformer run on this CPU
 SHAPES = {"config": "examples/shapes_bn.toml", "sets": ["run.max_time_s=400", "backend.log_iterations=false"]}
 #: NHWC convolutions, the same network faster on this CPU (benchmarks/results/conv_layout.md): every image study
 #: started after the option existed computes with it; lowcomm.py shapes-1g, started before, keeps SHAPES

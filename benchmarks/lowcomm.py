@@ -11,7 +11,7 @@ each scheme sends and what that costs in time:
   (4 fragments, overlap 1) with float32 and with fp4 outer gradients, with
   the least similar fragment first and with fragments of whole tensors, and
   SIM on BSP (study ``lm-1g``);
-- on the BN image workload (``shapes-1g``, about twice the cost per run):
+- on the BN image workload (``shapes-1g``, about three times the cost per run):
   BSP, local SGD, post-local SGD, AdaComm, DiLoCo, Streaming DiLoCo and SIM,
   the schemes of the questions asked on both workloads (issue 40 asks
   whether post-local or AdaComm beats fixed H on either of the two).
@@ -67,7 +67,7 @@ LOW_COMM = ("localsgd", "diloco", STREAMING, FP4)
 STUDIES: dict[str, dict[str, Any]] = {
     "lm-1g": {**LM, "sets": LM["sets"] + ONE_GBIT, "schemes": SCHEMES, "folder": "lowcomm-lm-1g",
               "title": "byte transformer on the stdlib, 16 equal workers, 1 Gbit/s links and server"},
-    # the image workload costs about twice the transformer's per run here: the questions asked on both
+    # the image workload costs about three times the transformer's per run here: the questions asked on both
     # workloads only (SIM against the low-communication schemes, Streaming DiLoCo against BSP and DiLoCo,
     # post-local and AdaComm against fixed H)
     "shapes-1g": {**SHAPES, "sets": SHAPES["sets"] + ONE_GBIT, "folder": "lowcomm-shapes-1g",
