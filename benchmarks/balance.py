@@ -30,8 +30,8 @@ workload a run costs about three times a transformer run on this CPU (93 ms a
 ResNet-18 step; a median of 15 against 4.5 minutes in the 1 Gbit/s studies), so
 its studies add to the evidence study's baselines only the remedy that won on
 the transformer (balanced BSP), named before they run: on each cluster the
-evidence study of the same cluster plus balanced BSP (every other run shared). The other remedies join where a GPU runs the
-batched simulator.
+evidence study of the same cluster plus balanced BSP (every other run shared).
+The other remedies join where a GPU runs the batched simulator.
 """
 
 from __future__ import annotations
