@@ -142,7 +142,7 @@ def workload_walls(config: Path, runs: Path) -> tuple[float, ...]:
 def compare_study(study: dict[str, Any], args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     """Run (or resume) one study's comparison in runs/evidence/FOLDER: its result and that folder. Stopped (Ctrl-C,
     or FOLDER/STOP after the runs in flight: ``studies.sh --drain``), it says so in one line and exits 130."""
-    from shoal.comparison import Interrupted, run_comparison
+    from shoal.comparison import Interrupted, phase_of, run_comparison
 
     out = ROOT / "runs" / "evidence" / study["folder"]
     sets, tune_seeds = study_protocol(study, args.tune_seeds)
@@ -151,8 +151,8 @@ def compare_study(study: dict[str, Any], args: argparse.Namespace) -> tuple[dict
                                    quiet=False, tune=[], tune_seeds=tune_seeds, jobs=args.jobs, resume=args.resume)
     except Interrupted as stop:
         how = "stopped after the runs in flight" if stop.drained else "interrupted"
-        print(f"{study['folder']}: {how}; {len(stop.finished)} of {len(stop.plan)} runs of this phase finished, "
-              "--resume goes on", file=sys.stderr)
+        print(f"{study['folder']}: {how}; {len(stop.finished)} of {len(stop.plan)} runs of its {phase_of(stop.plan)} "
+              "phase finished, --resume goes on", file=sys.stderr)
         raise SystemExit(130) from None
     return result, out
 

@@ -146,6 +146,31 @@ def test_a_scheme_with_nothing_to_tune_runs_no_development_seed(tmp_path):
     assert sorted((out / "bsp").iterdir()) == [out / "bsp" / "seed-1", out / "bsp" / "seed-2"]
 
 
+@pytest.mark.timeout(120)
+def test_a_comparison_stopped_while_tuning_lists_each_grid_point_apart_and_draws_no_report(tmp_path, monkeypatch):
+    """Stopped after two of ssp's three development runs: compare.json has no row (a row of two grid points'
+    runs would read as one scheme's seeds) but each point's result so far, and `shoal report` says why it draws
+    nothing, in one line."""
+    import sys
+
+    execute = sys.modules["shoal.comparison.execute"]
+    asked = iter([False, False, True])
+    monkeypatch.setattr(execute, "stop_requested", lambda out: next(asked, True))
+    out = tmp_path / "cmp"
+    stopped = CliRunner().invoke(app, ["compare", *_sets("run.max_time_s=1"), "--schemes", "bsp,ssp",
+                                       "--tune-seeds", "1", "--seeds", "2", "--out", str(out), "-q"])
+    assert stopped.exit_code == 130, stopped.output
+    assert "2 of 3 runs of its tuning phase finished" in stopped.output
+    data = json.loads((out / "compare.json").read_text())
+    assert data["interrupted"] is True and data["phase"] == "tuning" and data["rows"] == []
+    points = [entry["point"] for entry in data["tuning_so_far"]["ssp"]]
+    assert points == [{"sync.ssp.staleness": 1}, {"sync.ssp.staleness": 3}]
+    assert [len(entry["run_dirs"]) for entry in data["tuning_so_far"]["ssp"]] == [1, 1]
+    refused = CliRunner().invoke(app, ["report", str(out)])
+    assert refused.exit_code == 2 and "an interrupted comparison (2 of 3 runs of its tuning phase" in refused.output
+    assert not (out / "report.html").exists()
+
+
 def test_a_kept_value_at_the_edge_of_its_grid_is_named():
     from shoal.report.tuning import grid_edges
 

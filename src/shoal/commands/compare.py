@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from shoal.commands.common import backend_override, table_console, user_errors_exit_2
-from shoal.comparison import STOP_FILE, Interrupted, command_line, run_comparison
+from shoal.comparison import STOP_FILE, Interrupted, command_line, phase_of, run_comparison
 from shoal.report.schemes import bases
 
 # the compressors' names would import torch with the CLI; the modifiers are named by kind here
@@ -60,9 +60,9 @@ def compare(
     except Interrupted as stop:
         cut = ", ".join(stop.plan[i].run_dir for i in stop.cut) or "none in flight"
         how = f"stopped as {out}/{STOP_FILE} asked, after the runs in flight" if stop.drained else "interrupted"
-        typer.echo(f"{how}: {len(stop.finished)} of {len(stop.plan)} runs of this phase finished; cut short: "
-                   f"{cut}; {out}/compare.json lists what finished, marked interrupted (no report); add --resume to "
-                   "go on where it stopped", err=True)
+        typer.echo(f"{how}: {len(stop.finished)} of {len(stop.plan)} runs of its {phase_of(stop.plan)} phase "
+                   f"finished; cut short: {cut}; {out}/compare.json lists what finished, marked interrupted (no "
+                   "report); add --resume to go on where it stopped", err=True)
         raise typer.Exit(130) from None
     if not quiet:
         print_table(result, report)

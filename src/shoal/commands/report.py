@@ -28,6 +28,10 @@ def check_compare_folder(folder: Path) -> None:
     if not index.is_file():
         raise ConfigError(f"{folder}: no compare.json here; run `shoal compare ... --out {folder}` first")
     compare = _read_json(index, "a shoal compare result")
+    if compare.get("interrupted"):  # its rows would compare unequal numbers of seeds, or none yet
+        raise ConfigError(f"{index}: an interrupted comparison ({compare.get('runs_finished', '?')} of "
+                          f"{compare.get('runs_planned', '?')} runs of its {compare.get('phase', 'last')} phase "
+                          "finished): no report until every run has; go on with its command and --resume")
     rows, schemes = compare.get("rows"), compare.get("schemes")
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         raise ConfigError(f"{index}: not a shoal compare result (\"rows\" must be a non-empty list of objects)")

@@ -25,8 +25,8 @@ from shoal.report.schemes import Scheme, parse_schemes
 from shoal.report.tuning import parse_tune
 
 __all__ = ["Interrupted", "PlannedRun", "Protocol", "RUN_FILES", "STOP_FILE", "build_compare", "command_line",
-           "cpu_model", "evaluation_runs", "finished_summary", "plan_runs", "provenance", "resolution_warnings",
-           "run_comparison"]
+           "cpu_model", "evaluation_runs", "finished_summary", "phase_of", "plan_runs", "provenance",
+           "resolution_warnings", "run_comparison"]
 
 
 def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: list[str], out: Path, overwrite: bool,
@@ -75,20 +75,34 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
 
 def _write_interrupted(out: Path, stop: Interrupted, protocol: Protocol, command: str,
                        tuning: list[tuple["PlannedRun", dict[str, Any]]], base_seed: int, parsed: list[Scheme]) -> None:
-    """compare.json of an interrupted comparison: the rows of the runs that finished, marked ``interrupted``
-    (no report: its rows would compare unequal numbers of seeds). ``--resume`` goes on from here."""
+    """compare.json of an interrupted comparison: the rows of the evaluation runs that finished, marked
+    ``interrupted``, and the development seeds' results per grid point so far when the tuning phase was cut
+    (``tuning_so_far``: a row never mixes grid points). No report: its rows would compare unequal numbers of
+    seeds. ``--resume`` goes on from here."""
+    from shoal.comparison.plan import tuning_entries
     from shoal.engine.metrics import write_json_atomic
 
     done = sorted(stop.finished)
+    evaluated = [i for i in done if not stop.plan[i].tuning]
+    developed = [(stop.plan[i], stop.finished[i]) for i in done if stop.plan[i].tuning]
     cut = {stop.plan[i].scheme for i in stop.cut} | {p.scheme for i, p in enumerate(stop.plan) if i not in done}
     result: dict[str, Any] = {"command": command, "interrupted": True, "rows": []}
-    if done:
-        ran = [s for s in parsed if any(stop.plan[i].scheme == s.name for i in done)]
-        result = build_compare([stop.plan[i] for i in done], [stop.finished[i] for i in done], protocol, command,
-                               tuning, base_seed, ran)
+    if evaluated:
+        ran = [s for s in parsed if any(stop.plan[i].scheme == s.name for i in evaluated)]
+        result = build_compare([stop.plan[i] for i in evaluated], [stop.finished[i] for i in evaluated], protocol,
+                               command, tuning, base_seed, ran)
         result["interrupted"] = True
     for row in result["rows"]:
         row["interrupted"] = row["scheme"] in cut
+    if developed:
+        result["tuning_so_far"] = {name: tuning_entries(developed, name)
+                                   for name in dict.fromkeys(p.scheme for p, _ in developed)}
+    result["phase"] = phase_of(stop.plan)
     result["interrupted_runs"] = [stop.plan[i].run_dir for i in stop.cut]
     result["runs_finished"], result["runs_planned"] = len(done), len(stop.plan)
     write_json_atomic(out / "compare.json", result)
+
+
+def phase_of(plan: list[PlannedRun]) -> str:
+    """Which phase of the comparison a plan is: "tuning" (the development seeds) or "evaluation"."""
+    return "tuning" if any(run.tuning for run in plan) else "evaluation"
