@@ -74,6 +74,26 @@ def test_compare_returns_compare_json(tmp_path):
         data.row("gssp")
 
 
+def test_a_stopped_compare_raises_interrupted_with_what_finished_and_resume_goes_on(tmp_path, monkeypatch):
+    """docs/api.md: a STOP file ends shoal.compare with shoal.comparison.Interrupted once compare.json lists what
+    finished; resume=True runs only the rest."""
+    from shoal.comparison import Interrupted
+
+    execute = sys.modules["shoal.comparison.execute"]
+    asked = iter([False, True])
+    monkeypatch.setattr(execute, "stop_requested", lambda out: next(asked, False))
+    args = dict(schemes="bsp,localsgd", overrides=FAST + ["run.max_time_s=0.5"], out=tmp_path / "cmp", progress=False)
+    with pytest.raises(Interrupted) as stop:
+        shoal.compare(**args)
+    assert isinstance(stop.value, KeyboardInterrupt) and stop.value.drained and stop.value.cut == []
+    assert [stop.value.plan[i].scheme for i in stop.value.finished] == ["bsp"]
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["interrupted"] is True
+    first = (tmp_path / "cmp" / "bsp" / "summary.json").stat().st_mtime_ns
+    data = shoal.compare(**args, resume=True)
+    assert [r["scheme"] for r in data.rows] == ["bsp", "localsgd"] and "interrupted" not in data
+    assert (tmp_path / "cmp" / "bsp" / "summary.json").stat().st_mtime_ns == first  # kept, not run again
+
+
 def test_callbacks_see_every_evaluation_and_iteration_while_the_run_goes_on(tmp_path):
     evals, iterations = [], []
     result = shoal.train(overrides=FAST, out=tmp_path / "run", progress=False, on_eval=evals.append,
