@@ -199,7 +199,6 @@ class GradientEngine:
         return sorted(times)[len(times) // 2]
 
 
-
 class LastEvaluation(NamedTuple):
     """The state, examples and batch of the latest evaluation, and its result."""
 
