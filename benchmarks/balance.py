@@ -40,7 +40,7 @@ import argparse
 import sys
 from typing import Any
 
-from evidence import (LM, LOGNORMAL_16, SCHEMES, SHAPES_NHWC, TIERS_16, compare_study,
+from evidence import (LM, LOGNORMAL_16, SCHEMES, SHAPES_CURRENT, TIERS_16, compare_study,
                       markdown as evidence_markdown, strip, study_args)
 from tuned import provenance, write_results
 
@@ -58,11 +58,11 @@ STUDIES: dict[str, dict[str, Any]] = {
                      "folder": "lm-lognormal-iid",
                      "title": "byte transformer on the stdlib, 16 lognormal workers (sigma 1), IID"},
     # the tiered study is the evidence study of the same cluster plus balanced BSP (it shares every other run)
-    "shapes-tiers": {**SHAPES_NHWC, "sets": SHAPES_NHWC["sets"] + [TIERS_16], "schemes": f"{SCHEMES},bsp+balance",
+    "shapes-tiers": {**SHAPES_CURRENT, "sets": SHAPES_CURRENT["sets"] + [TIERS_16], "schemes": f"{SCHEMES},bsp+balance",
                      "folder": "shapes-tiers-iid",
                      "title": "BN ResNet-18 (width 16) on shapes, 16 workers in four speed tiers, IID"},
     # likewise on the lognormal cluster (evidence.py shapes-lognormal-iid shares every other run)
-    "shapes-lognormal": {**SHAPES_NHWC, "sets": SHAPES_NHWC["sets"] + LOGNORMAL_16, "schemes": f"{SCHEMES},bsp+balance",
+    "shapes-lognormal": {**SHAPES_CURRENT, "sets": SHAPES_CURRENT["sets"] + LOGNORMAL_16, "schemes": f"{SCHEMES},bsp+balance",
                          "folder": "shapes-lognormal-iid",
                          "title": "BN ResNet-18 (width 16) on shapes, 16 lognormal workers (sigma 1), IID"},
 }

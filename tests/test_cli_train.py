@@ -54,6 +54,7 @@ def test_resolved_config_reproduces_the_run(tmp_path):
         (["--config", "/no/such/config.toml"], "config file not found"),
         (["--set", "cluster.workers"], "expected section.key=value"),
         (["--backend", "ray", "--set", "backend.mode=cost"], "cost mode is simulator-only"),
+        (["--backend", "ray", "--set", "run.eval_refine=4"], "refining the time to target is simulator-only"),
         (["--resume", "/no/such/run"], "config file not found"),
         (["--set", "optimizer.lr=inf"], "optimizer.lr: must be a finite number, got inf"),
         (["--set", "optimizer.weight_decay=inf"], "optimizer.weight_decay: must be a finite number"),

@@ -65,16 +65,18 @@ MIN_EVALUATIONS = 20
 
 def resolution_warnings(rows: list[dict[str, Any]], cfg: Config) -> list[str]:
     """Rows whose time to target spans fewer than MIN_EVALUATIONS evaluations: one evaluation tick is then a large
-    share of the quantity compared."""
+    share of the quantity compared. With run.eval_refine = N a time to target is resolved to 1/N of a period, so a
+    tick is that."""
     warnings = []
-    every_it, every_s = cfg.run.eval_every_iterations, cfg.run.eval_every_s
+    every_it, every_s, refine = cfg.run.eval_every_iterations, cfg.run.eval_every_s, cfg.run.eval_refine
     for row in rows:
         ttt = row.get("time_to_target_s")
         if ttt is None:
             continue
-        ticks = (row.get("iterations") or 0) / every_it if every_it else ttt / every_s
+        ticks = refine * ((row.get("iterations") or 0) / every_it if every_it else ttt / every_s)
         if ticks < MIN_EVALUATIONS:
-            unit = f"every {every_it} iterations" if every_it else f"every {every_s:g} s"
+            unit = (f"every {every_it} iterations" if every_it else f"every {every_s:g} s") + (
+                f", refined {refine}x" if refine > 1 else "")
             warnings.append(f"resolution: {row['scheme']}'s time to target spans {ticks:.0f} evaluations ({unit}), "
                             f"fewer than {MIN_EVALUATIONS}; evaluate more often (run.eval_every_s or "
                             "run.eval_every_iterations)")

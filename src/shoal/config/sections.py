@@ -20,9 +20,18 @@ class RunConfig(Section):
     max_iterations: int = Field(0, ge=0, description="Budget of total worker iterations; 0 = no limit.")
     eval_every_s: float = Field(1.0, gt=0, description="Evaluate the model every this many (virtual) seconds.")
     eval_every_iterations: int = Field(0, ge=0, description="Evaluate every this many worker iterations (all workers together) instead of every eval_every_s; 0 = by time. Schemes whose times to target differ several-fold still get the same resolution in iterations, and evaluation costs the same for each.")
+    eval_refine: int = Field(1, ge=1, le=64, description="sim: a time to target finer than the evaluation period. The evaluated model is copied this many times per period (1 = never: off) and, when the run reaches its target, the copies kept just before are evaluated, latest first, until one misses; the time to target is the earliest copy from which every evaluation reached the target. At most eval_refine - 1 extra evaluations per run, and the training is unchanged (docs/fair-comparison.md).")
     stop_at_target: bool = Field(True, description="Stop as soon as target_accuracy is reached.")
     target_patience: int = Field(3, ge=1, description="Evaluations in a row at or above target_accuracy that count as reaching it; the time reported is the first of them (3: one lucky evaluation on a 1,000-image test set, +-1.35 points of noise at 95% accuracy, cannot decide a row).")
     tensorboard: bool = Field(False, description="Also write TensorBoard scalars to OUT/tensorboard (accuracy, loss, bytes moved, per-group iterations per second; needs pip install 'shoal[tensorboard]').")
+
+    @model_validator(mode="after")
+    def _refine_within_a_period(self) -> "RunConfig":
+        """Each copy of run.eval_refine lies at least one iteration after the last when evaluating by iterations."""
+        if self.eval_every_iterations and self.eval_refine > self.eval_every_iterations:
+            raise ValueError(f"eval_refine: {self.eval_refine} copies per period of {self.eval_every_iterations} "
+                             "iterations leave less than one iteration between two; at most eval_every_iterations")
+        return self
 
 
 class ModelConfig(Section):

@@ -153,9 +153,11 @@ class GradientEngine:
 
     @torch.no_grad()
     def evaluate(
-        self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch: int | None = None
+        self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch: int | None = None,
+        as_model: bool = True,
     ) -> Evaluation:
-        """The task's metric, mean loss and accuracy on (x, y); the state is kept as the run's model. ``batch``:
+        """The task's metric, mean loss and accuracy on (x, y); the state is kept as the run's model unless
+        ``as_model`` is false (an earlier state, evaluated to refine a time to target). ``batch``:
         examples per forward pass; by default small on the CPU, where a batch that stays in cache is faster
         (benchmarks/results/eval_batch.md: on one core 64 against 1024 evaluates the ResNet 2.3x and the
         transformer 1.5x faster), and large on a GPU. The metric depends on it only at float rounding.
@@ -165,7 +167,8 @@ class GradientEngine:
         the same values gives the same numbers (so a run's records are bit for bit what they were). The test
         examples are recognised as the same objects (nobody changes a test set); the state by value."""
         batch = batch or (EVAL_BATCH_CPU if self.device.type == "cpu" else EVAL_BATCH_DEVICE)
-        self.evaluated = (params, buffers)
+        if as_model:
+            self.evaluated = (params, buffers)
         last = self._last_evaluation
         if last is not None and last.answers(params, buffers, x, y, batch):
             self.evaluations_skipped += 1  # the model has not moved since (local SGD and DiLoCo between syncs)

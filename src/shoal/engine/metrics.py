@@ -12,9 +12,12 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from shoal.errors import InternalError  # noqa: F401 - re-exported: older code imports it from here
+
+if TYPE_CHECKING:
+    from shoal.engine.task import Evaluation
 
 
 @dataclass
@@ -105,6 +108,26 @@ class RunRecorder:
             self.time_to_target_s = self._streak[0]
             return True
         return False
+
+    @property
+    def streak_length(self) -> int:
+        """Regular evaluations in a row, up to the last one, that reached the target."""
+        return len(self._streak)
+
+    def refined_evaluation(self, point: dict[str, Any], ev: Evaluation, target: float) -> bool:
+        """Record an evaluation of a model kept between two regular ones (run.eval_refine, engine/refine.py), in
+        time order; a hit moves the time to target back to it. The best and final values stay those of the regular
+        evaluations. True if it reached the target."""
+        accuracy = ev.value if self.metric == "accuracy" else ev.accuracy
+        record: dict[str, Any] = {**point, "accuracy": accuracy, "loss": ev.loss, "refined": True}
+        if self.metric != "accuracy":
+            record.update(metric=self.metric, value=ev.value)
+        self.evals.insert(next((i for i, e in enumerate(self.evals) if e["t"] > point["t"]), len(self.evals)), record)
+        self.event("eval", **record)
+        hit = ev.value >= target if self.higher_is_better else ev.value <= target
+        if hit:
+            self.time_to_target_s = point["t"]
+        return hit
 
     @property
     def iterations_to_target(self) -> int | None:

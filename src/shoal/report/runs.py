@@ -58,6 +58,8 @@ def load_run(name: str, path: Path) -> RunData:
             run.has_iterations = True
             continue
         _take(run, json.loads(line))
+    for curve in (run.evals, run.losses, run.accuracy_by_bytes):  # refined evaluations (run.eval_refine) come late
+        curve.sort()
     return run
 
 

@@ -106,6 +106,9 @@ def validate(cfg: Config) -> None:
     # that Ray is installed was checked at the package's door (shoal/backends/ray/__init__.py)
     if cfg.backend.mode != "train":
         raise ConfigError("backend.mode: cost mode is simulator-only; use backend.name = \"sim\"")
+    if cfg.run.eval_refine > 1:
+        raise ConfigError("run.eval_refine: refining the time to target is simulator-only (on ray the model between "
+                          "two evaluations is not kept); use 1, or evaluate more often (run.eval_every_s)")
     if cfg.network.aggregation == "ina" and cfg.backend.max_restarts > 0:
         raise ConfigError("backend.max_restarts: a restarted worker cannot rejoin an in-network aggregation round; "
                           "use 0 (a failed worker then ends the run)")

@@ -32,6 +32,7 @@ from shoal.backends.sim.groups import SimGroups
 from shoal.backends.sim.ina import SimInNetwork
 from shoal.backends.sim.membership import SimMembership
 from shoal.backends.sim.overlap import SimOverlap
+from shoal.backends.sim.refining import SimRefine
 from shoal.backends.sim.server import Pulled, Push, SimServer
 from shoal.compress import GradientCodec
 from shoal.compress.similarity import similarity_summary
@@ -39,6 +40,7 @@ from shoal.config import Config
 from shoal.engine.cost import SharedLink, ring_allreduce_bytes, ring_allreduce_time
 from shoal.engine.metrics import RunRecorder, WorkerStats, build_summary, diverged, internal_error
 from shoal.engine.noise import NoiseScale
+from shoal.engine.refine import sub_ticks
 from shoal.engine.replica import Replica
 from shoal.engine.setup import RunSetup
 from shoal.strategy import AggregationSchedule, Strategy
@@ -47,7 +49,8 @@ from shoal.sync import SyncPolicy
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverlap, SimInNetwork, SimCompute):
+class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverlap, SimInNetwork, SimRefine,
+                 SimCompute):
     """Runs one configured training (or cost-only) simulation to its stopping rule."""
 
     def __init__(self, setup: RunSetup, recorder: RunRecorder, progress: ProgressFn | None = None,
@@ -98,6 +101,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         self.next_eval = 0.0
         self.checkpoint_seq = 0
         self.next_checkpoint = self.cfg.backend.sim_checkpoint_every_s
+        self._init_refine()  # run.eval_refine: copies of the evaluated model between evaluations
         if self.resumed is not None:
             self._restore(*self.resumed)
 
@@ -245,6 +249,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         every = self.cfg.run.eval_every_iterations
         if every and self.recorder.iterations >= self._next_eval_iterations() and not self.stop.triggered:
             self._evaluate()
+        if every and self.refiner is not None and not self.stop.triggered:
+            self._keep_by_iterations()
         if self.cfg.run.max_iterations and self.recorder.iterations >= self.cfg.run.max_iterations:
             self._finish("iteration_budget")
         if due and applied and not self.stop.triggered:
@@ -319,13 +325,16 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
                 self._evaluate()
             return
         if first_at is not None:
-            yield at(self.env, first_at)
+            yield from self._keep_until(at(self.env, first_at))
         while True:
             self._evaluate()
             if self.stop.triggered:
                 return
             self.next_eval = self.env.now + period  # the time the timeout below lands on
-            yield self.env.timeout(period)
+            tick = self.env.timeout(period)
+            if self.refiner is not None:
+                self._keep_times = sub_ticks(self.env.now, period, self.refiner.factor)
+            yield from self._keep_until(tick)
 
     def _budget(self) -> Iterator[simpy.Event]:
         budget = self.cfg.run.max_time_s
@@ -354,6 +363,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
             accuracy = ev.accuracy
             reached = self.recorder.evaluation(self.env.now, ev.value, ev.loss, self.cfg.target(),
                                                self.cfg.run.target_patience, accuracy=ev.accuracy)
+            self._refine_after(reached)
             if diverged(ev.loss, ev.value):
                 self._finish("diverged")
             if reached and self.cfg.run.stop_at_target:
@@ -423,6 +433,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
                 "bytes_exchange": int(self.bytes_exchange),
                 **self._similarity_summary(),
                 "batching": self.gradients.summary(),
+                **({"evaluations_refined": self.refined_evaluations} if self.refiner is not None else {}),
                 "gradient_noise_scale": self._noise_scale(),
                 **({"routing": self.setup.aggregation.summary} if self.setup.aggregation else {}),
                 **({"error": error} if self.stop_reason == "internal_error" else {}),

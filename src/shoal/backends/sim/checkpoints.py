@@ -102,6 +102,7 @@ class SimCheckpoints:
             "stats": [asdict(s) for s in self.stats], "recorder": recorder, "lr": self.lr,
             "speeds": self.speeds, "torch_rng": checkpoint.rng_text(torch.get_rng_state()),
             **({"noise": self.noise.state()} if self.noise is not None else {}),
+            **self._refine_state(folder),
         })
         self.recorder.event("checkpoint", t=self.env.now, path=folder.name)
 
@@ -130,6 +131,7 @@ class SimCheckpoints:
         if self.noise is not None and "noise" in state:
             self.noise.restore(state["noise"])
         torch.set_rng_state(checkpoint.rng_state(state["torch_rng"]))
+        self._restore_refine(folder, state)
 
     def _load_checkpoint(self, run_dir: Path) -> tuple[Path, dict[str, Any]]:
         """The latest checkpoint folder of ``run_dir`` and its state (plain JSON and safetensors: nothing unpickled)."""
