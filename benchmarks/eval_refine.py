@@ -1,9 +1,11 @@
-"""Times to target with run.eval_refine against evaluating that often, and what each costs.
+"""Times to target with run.eval_refine against evaluating more often, and what each costs.
 
-For every seed, three runs of one scheme side by side: evaluating every K iterations (coarse), every K with
-run.eval_refine = N (refined), and every K / N (fine, the reference: the same models, judged on a schedule N
-times finer). The training is the same in all three (tests/test_eval_refine.py), so they differ only in when
-they look. Reported: each time to target against the fine run's, the evaluations each made, and the wall time.
+For every seed, four runs of one scheme side by side, which train alike (tests/test_eval_refine.py) and differ
+only in when they look: an evaluation every K iterations (coarse), the same with run.eval_refine = N (refined),
+one every K / N with the same patience of 3 evaluations (fine), and one every K / N whose patience spans the
+coarse streak's iterations, 3 N evaluations (fine, same window). Each is an estimator of one run's time to
+target: reported are its median over seeds, its spread over seeds (what a comparison's p-value pays for), its
+paired difference from the coarse one, the evaluations it made and its wall time.
 
 Usage:
     .venv/bin/python benchmarks/eval_refine.py [--seeds 10] [--schemes bsp,asp] [--every 80] [--refine 8]
@@ -38,17 +40,22 @@ def one_run(scheme: str, seed: int, sets: list[str], out: Path) -> dict[str, Any
             "refined": sum(bool(e.get("refined")) for e in evals), "wall_s": summary["wall_s"]}
 
 
+def variants(every: int, refine: int) -> dict[str, list[str]]:
+    fine = f"run.eval_every_iterations={every // refine}"
+    return {"coarse": [f"run.eval_every_iterations={every}"],
+            "refined": [f"run.eval_every_iterations={every}", f"run.eval_refine={refine}"],
+            "fine": [fine],
+            "fine, same window": [fine, f"run.target_patience={3 * refine}"]}
+
+
 def measure(schemes: list[str], seeds: int, every: int, refine: int) -> dict[str, Any]:
-    variants = {"coarse": [f"run.eval_every_iterations={every}"],
-                "refined": [f"run.eval_every_iterations={every}", f"run.eval_refine={refine}"],
-                "fine": [f"run.eval_every_iterations={every // refine}"]}
     runs: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for scheme in schemes:
             for seed in range(seeds):
                 row = {"seed": seed}
-                for name, sets in variants.items():  # side by side: the same load for the three
-                    row[name] = one_run(scheme, seed, sets, Path(tmp) / f"{scheme}-{seed}-{name}")
+                for i, (name, sets) in enumerate(variants(every, refine).items()):  # side by side: the same load
+                    row[name] = one_run(scheme, seed, sets, Path(tmp) / f"{scheme}-{seed}-{i}")
                     print(f"{scheme} seed {seed} {name}: {row[name]}", file=sys.stderr)
                 runs.setdefault(scheme, []).append(row)
     return {"config": CONFIG, "every": every, "refine": refine, "runs": runs,
@@ -56,55 +63,55 @@ def measure(schemes: list[str], seeds: int, every: int, refine: int) -> dict[str
 
 
 def summarize(rows: list[dict[str, Any]], every: int, refine: int) -> dict[str, Any]:
-    """Errors against the fine run (virtual seconds and the share of its time), and the costs, as medians."""
-    reached = [r for r in rows if all(r[v]["time_to_target_s"] is not None for v in ("coarse", "refined", "fine"))]
+    """Per estimator, over the seeds every estimator reached: median, standard deviation, the paired difference
+    from the coarse estimate; and over every seed the evaluations and wall time (against the coarse run's)."""
+    names = list(variants(every, refine))
+    reached = [r for r in rows if all(r[v]["time_to_target_s"] is not None for v in names)]
 
-    def error(variant: str) -> list[float]:
-        return [r[variant]["time_to_target_s"] - r["fine"]["time_to_target_s"] for r in reached]
-
-    def median(values: list[float]) -> float | None:
-        return round(statistics.median(values), 4) if values else None
+    def rounded(value: float) -> float:
+        return round(value, 4)
 
     out: dict[str, Any] = {"seeds": len(rows), "reached_by_all": len(reached)}
-    for variant in ("coarse", "refined"):
-        errors = error(variant)
-        out[variant] = {
-            "median_error_s": median(errors), "median_abs_error_s": median([abs(e) for e in errors]),
-            "max_abs_error_s": round(max(abs(e) for e in errors), 4) if errors else None,
-            "median_abs_error_share": median([abs(e) / r["fine"]["time_to_target_s"] for e, r in zip(errors, reached)]),
-            "equal_to_fine": sum(e == 0 for e in errors),
+    for name in names:
+        times = [r[name]["time_to_target_s"] for r in reached]
+        shift = [r[name]["time_to_target_s"] - r["coarse"]["time_to_target_s"] for r in reached]
+        out[name] = {
+            "median_s": rounded(statistics.median(times)) if times else None,
+            "stdev_s": rounded(statistics.stdev(times)) if len(times) > 1 else None,
+            "median_shift_s": rounded(statistics.median(shift)) if shift else None,
+            "largest_shift_s": rounded(max(shift, key=abs)) if shift else None,
+            "evaluations": statistics.median(r[name]["regular"] + r[name]["refined"] for r in rows),
+            "refined_evaluations": statistics.median(r[name]["refined"] for r in rows),
+            "wall_vs_coarse": rounded(statistics.median(r[name]["wall_s"] / r["coarse"]["wall_s"] for r in rows)),
         }
-    for variant in ("coarse", "refined", "fine"):
-        out.setdefault(variant, {}).update(
-            evaluations=median([r[variant]["regular"] + r[variant]["refined"] for r in rows]),
-            refined_evaluations=median([r[variant]["refined"] for r in rows]),
-            wall_vs_coarse=median([r[variant]["wall_s"] / r["coarse"]["wall_s"] for r in rows]))
     return out
 
 
 def markdown(record: dict[str, Any]) -> str:
     every, refine = record["every"], record["refine"]
+    prov = record["provenance"]
     lines = [f"# Times to target refined (run.eval_refine = {refine}) against evaluating {refine} times as often", "",
-             f"`{record['provenance']['command']}`", "",
-             f"{record['config']}; per seed three runs side by side: an evaluation every {every} iterations "
-             f"(coarse), the same with run.eval_refine = {refine} (refined), and one every {every // refine} "
-             "(fine: the reference, the same models judged on a finer schedule). Errors are against the fine run's "
-             f"time to target, medians over seeds. Code {record['provenance']['git_commit'][:10]}; "
-             f"{record['provenance']['cpu']}.", "",
-             "| scheme | seeds reached | time to target | median error (s) | median abs error (share) | max abs "
-             "error (s) | equal to fine | evaluations per run | of them refined | wall time vs coarse |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             f"`{prov['command']}`", "",
+             f"{record['config']}; per seed four runs side by side that train alike and differ in when they look: "
+             f"an evaluation every {every} iterations (coarse), the same with run.eval_refine = {refine} (refined), "
+             f"one every {every // refine} with a patience of 3 (fine), and one every {every // refine} with a "
+             f"patience of {3 * refine}, the coarse streak's window (fine, same window). Time to target in virtual "
+             "seconds over the seeds every estimator reached; shift: against the coarse estimate of the same seed. "
+             f"Code {prov['git_commit'][:10]}; {prov['cpu']}.", "",
+             "| scheme | estimator | seeds | median (s) | stdev over seeds (s) | median shift (s) | largest shift (s) "
+             "| evaluations per run | of them refined | wall time vs coarse |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for scheme, s in record["summary"].items():
-        for variant in ("coarse", "refined", "fine"):
-            v = s[variant]
-            err = (f"{v['median_error_s']} | {v['median_abs_error_share']:.1%} | {v['max_abs_error_s']} | "
-                   f"{v['equal_to_fine']}/{s['reached_by_all']}") if variant != "fine" else "- | - | - | -"
-            lines.append(f"| {scheme} | {s['reached_by_all']}/{s['seeds']} | {variant} | {err} | "
-                         f"{v['evaluations']} | {v['refined_evaluations']} | {v['wall_vs_coarse']:.2f}x |")
-    lines += ["", "Per seed (time to target in virtual seconds: coarse / refined / fine):", ""]
+        for name in variants(every, refine):
+            v = s[name]
+            lines.append(f"| {scheme} | {name} | {s['reached_by_all']}/{s['seeds']} | {v['median_s']} | {v['stdev_s']} "
+                         f"| {v['median_shift_s']} | {v['largest_shift_s']} | {v['evaluations']} | "
+                         f"{v['refined_evaluations']} | {v['wall_vs_coarse']:.2f}x |")
+    lines += ["", "Per seed, time to target (s): " + " / ".join(variants(every, refine)), ""]
     for scheme, rows in record["runs"].items():
-        cells = [f"{r['seed']}: {r['coarse']['time_to_target_s']} / {r['refined']['time_to_target_s']} / "
-                 f"{r['fine']['time_to_target_s']}" for r in rows]
+        cells = ["{}: {}".format(r["seed"], " / ".join(f"{r[n]['time_to_target_s']:.3f}"
+                                                       if r[n]["time_to_target_s"] is not None else "never"
+                                                       for n in variants(every, refine))) for r in rows]
         lines.append(f"- {scheme}: " + "; ".join(cells))
     return "\n".join(lines) + "\n"
 
