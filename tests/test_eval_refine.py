@@ -85,13 +85,16 @@ def test_off_by_default_and_the_summary_says_nothing_of_it(tmp_path):
     assert "evaluations_refined" not in summary and not any(e.get("refined") for e in events)
 
 
-def test_a_resumed_refined_run_equals_the_uninterrupted_one(tmp_path):
-    sets = BASE + ["cluster.speeds=[1, 1, 2, 3]", "backend.sim_checkpoint_every_s=0.3", "run.eval_every_s=0.4",
+@pytest.mark.parametrize("period, every_s", [("run.eval_every_s=0.4", 0.3),  # the last checkpoints fall mid-period
+                                             ("run.eval_every_iterations=40", 0.35)])
+def test_a_resumed_refined_run_equals_the_uninterrupted_one(tmp_path, period, every_s):
+    sets = BASE + ["cluster.speeds=[1, 1, 2, 3]", f"backend.sim_checkpoint_every_s={every_s}", period,
                    "run.eval_refine=8"]
     whole = train(load_config(None, sets), tmp_path / "whole")
     train(load_config(None, sets + ["run.max_time_s=0.8"]), tmp_path / "cut")
     folder, state = checkpoint.latest(tmp_path / "cut" / "checkpoint")
-    assert state["refine"]["keep_times"] and (folder / "refine.safetensors").exists()  # mid-period: copies to come
+    assert (folder / "refine.safetensors").exists() and state["refine"]["since_eval"]  # copies kept mid-period
+    assert state["refine"]["keep_times"] if "eval_every_s" in period else state["refine"]["kept_mark"] != [0, 0]
     resumed = train(load_config(None, sets), tmp_path / "cut", resume=tmp_path / "cut")
     assert whole["evaluations_refined"] >= 1
     for key in whole:
