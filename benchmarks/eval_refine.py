@@ -8,7 +8,7 @@ target: reported are its median over seeds, its spread over seeds (what a compar
 paired difference from the coarse one, the evaluations it made and its wall time.
 
 Usage:
-    .venv/bin/python benchmarks/eval_refine.py [--seeds 10] [--schemes bsp,asp] [--every 80] [--refine 8]
+    .venv/bin/python benchmarks/eval_refine.py [--seeds 10] [--schemes bsp,localsgd] [--every 80] [--refine 8]
 
 Results: benchmarks/results/eval_refine.{json,md}.
 """
@@ -119,7 +119,7 @@ def markdown(record: dict[str, Any]) -> str:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--schemes", default="bsp,asp")
+    parser.add_argument("--schemes", default="bsp,localsgd")
     parser.add_argument("--every", type=int, default=80)
     parser.add_argument("--refine", type=int, default=8)
     args = parser.parse_args(argv)
