@@ -6,6 +6,7 @@ from one backend reads like a result from the other.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -102,7 +103,7 @@ class RunRecorder:
         self.last_metric = value
         if self.time_to_target_s is not None or target is None:
             return False
-        hit = value >= target if self.higher_is_better else value <= target
+        hit = self._hits(value, target)
         self._streak = [*self._streak, t] if hit else []
         if len(self._streak) >= patience:
             self.time_to_target_s = self._streak[0]
@@ -122,12 +123,16 @@ class RunRecorder:
         record: dict[str, Any] = {**point, "accuracy": accuracy, "loss": ev.loss, "refined": True}
         if self.metric != "accuracy":
             record.update(metric=self.metric, value=ev.value)
-        self.evals.insert(next((i for i, e in enumerate(self.evals) if e["t"] > point["t"]), len(self.evals)), record)
+        self.evals.insert(bisect.bisect_right(self.evals, point["t"], key=lambda e: e["t"]), record)
         self.event("eval", **record)
-        hit = ev.value >= target if self.higher_is_better else ev.value <= target
+        hit = self._hits(ev.value, target)
         if hit:
             self.time_to_target_s = point["t"]
         return hit
+
+    def _hits(self, value: float, target: float) -> bool:
+        """Whether ``value`` reaches ``target``: at least it, or at most it when lower is better."""
+        return value >= target if self.higher_is_better else value <= target
 
     @property
     def iterations_to_target(self) -> int | None:
