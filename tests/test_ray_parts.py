@@ -271,8 +271,8 @@ def test_the_actor_pool_counts_and_ends_only_the_kept_actors_it_is_asked_to(monk
 def test_checkpoint_round_trip_keeps_optimizer_state(tmp_path):
     from shoal.engine.replica import Replica
 
-    for name in ("sgd", "adam"):
-        opt = load_config(None, [f"optimizer.name=\"{name}\""]).optimizer
+    for name in ("sgd", "adam", "adamw"):
+        opt = load_config(None, [f"optimizer.name=\"{name}\"", "optimizer.weight_decay=0.01"]).optimizer
         replica = Replica(torch.randn(6), torch.randn(2), opt, track_own=True)
         for _ in range(3):
             replica.apply([torch.randn(6)], 0.5)

@@ -361,6 +361,17 @@ def test_bsp_on_allreduce_computes_exactly_what_the_simulated_bsp_does(ray_sessi
     assert backend.recorder.evals[-1]["loss"] == pytest.approx(sim.recorder.evals[-1]["loss"], rel=1e-4)
 
 
+def test_adamw_on_allreduce_steps_as_the_simulated_bsp_server_does(ray_session):
+    """AdamW's decoupled decay: torch's AdamW on every rank moves the model as the sim's BSP server does."""
+    budget = ["run.max_iterations=40", "run.target_accuracy=1.0", "run.max_time_s=60", 'optimizer.name="adamw"',
+              "optimizer.lr=0.01", "optimizer.weight_decay=0.05"]
+    backend, ray_summary = run_backend(ray_config("sync.intra_group=allreduce", *budget))
+    sim = SimBackend(build_setup(load_config(None, FAST + budget)), RunRecorder())
+    sim.run()
+    assert ray_summary["iterations"] == 40
+    assert backend.recorder.evals[-1]["loss"] == pytest.approx(sim.recorder.evals[-1]["loss"], rel=1e-4)
+
+
 @pytest.mark.timeout(150)  # a hang fails the test with its stack instead of blocking the suite
 def test_a_failed_rank_ends_an_allreduce_run_cleanly(ray_session):
     """The other ranks wait in the collective for the failed one: they are ended, not waited for (that took 10 s)."""

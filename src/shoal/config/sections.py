@@ -120,10 +120,10 @@ class TaskConfig(Section):
 
 
 class OptimizerConfig(Section):
-    name: Literal["sgd", "adam"] = Field("sgd", description="Server-side optimizer.")
+    name: Literal["sgd", "adam", "adamw"] = Field("sgd", description="Server-side optimizer: sgd (with momentum), adam, or adamw (Adam with decoupled weight decay, Loshchilov & Hutter, 2019: the decay shrinks the parameters directly instead of passing through Adam's normalisation, as transformer training does today).")
     lr: float = Field(0.05, gt=0, description="Learning rate.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
-    weight_decay: float = Field(0.0, ge=0, description="L2 penalty, applied with the same 1/N weight as gradients.")
+    weight_decay: float = Field(0.0, ge=0, description="sgd, adam: an L2 penalty added to the gradient, with the same 1/N weight as gradients; adamw: decoupled, every step shrinks the parameters by lr x weight_decay (scaled like the step).")
     lr_decay_epochs: list[Annotated[float, Field(gt=0)]] = Field([], description="Global epochs (> 0) at which the learning rate is multiplied by lr_decay_factor (a step schedule).")
     lr_decay_factor: float = Field(0.1, gt=0, le=1, description="Factor applied to the learning rate at each of lr_decay_epochs.")
 

@@ -6,11 +6,24 @@ are single copies; per-tensor views come from the layout.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
 from shoal.config import OptimizerConfig
+
+#: optimizers that normalise the gradient by its running scale (the step size, not the gradient, carries a weight)
+ADAM_FAMILY = ("adam", "adamw")
+
+
+def torch_optimizer(opt: OptimizerConfig, params: Iterable[torch.Tensor], weight_decay: float) -> torch.optim.Optimizer:
+    """The torch optimizer ``opt`` names over ``params``, with ``weight_decay`` given to torch (the replica adds
+    an L2 penalty itself and passes 0 here, except for AdamW, whose decay is not a gradient term)."""
+    if opt.name == "sgd":
+        return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=weight_decay)
+    if opt.name == "adamw":
+        return torch.optim.AdamW(params, lr=opt.lr, weight_decay=weight_decay)
+    return torch.optim.Adam(params, lr=opt.lr, weight_decay=weight_decay)
 
 
 class Replica:
@@ -31,7 +44,8 @@ class Replica:
         self.lr = opt.lr
         self.momentum = opt.momentum if opt.name == "sgd" else 0.0
         self.lr_scale = 1.0
-        self.scale_invariant = opt.name == "adam"
+        self.scale_invariant = opt.name in ADAM_FAMILY
+        self.decoupled_decay = opt.name == "adamw"
         self.optimizer = self._make_optimizer(opt)
         self.outer = outer
         # DiLoCo: Nesterov SGD on the averaged pseudo-gradient, a second optimizer on the same parameters
@@ -65,11 +79,10 @@ class Replica:
         self.version += 1
 
     def _make_optimizer(self, opt: OptimizerConfig) -> torch.optim.Optimizer:
-        # Weight decay is added to the weighted gradient in `apply`, not here, so
-        # every scheme decays by the same amount per sample (docs/ARCHITECTURE.md, Update weighting).
-        if opt.name == "sgd":
-            return torch.optim.SGD([self.params], lr=opt.lr, momentum=opt.momentum)
-        return torch.optim.Adam([self.params], lr=opt.lr)
+        # L2 weight decay is added to the weighted gradient in `apply`, not here, so every scheme decays by the
+        # same amount per sample (docs/ARCHITECTURE.md, Update weighting). AdamW's decoupled decay is torch's:
+        # it shrinks by lr x weight_decay per step, and `apply` scales lr by the step's share like the step.
+        return torch_optimizer(opt, [self.params], opt.weight_decay if self.decoupled_decay else 0.0)
 
     def shared_snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The replica without its own delta not yet sent: what every peer holds of this group's updates.
@@ -95,7 +108,9 @@ class Replica:
         1/N rule. Adam is scale-invariant, so scaling its gradient would
         cancel; it steps on the mean gradient with the step size scaled by
         ``weight * len(grads)`` instead, so N asynchronous steps of 1/N move
-        as far as one synchronous step on N gradients. ``frozen`` ranges keep
+        as far as one synchronous step on N gradients. AdamW's decoupled
+        decay follows the scaled step size, so it too decays N steps of 1/N
+        about as one full step. ``frozen`` ranges keep
         their parameters and optimizer state untouched (SIM: tensors the
         workers are stepping locally this iteration).
         """
@@ -103,7 +118,7 @@ class Replica:
         share = weight * len(grads)
         if self.scale_invariant:
             total.div_(len(grads))
-            if self.weight_decay:
+            if self.weight_decay and not self.decoupled_decay:
                 total.add_(self.params.detach(), alpha=self.weight_decay)
             for group in self.optimizer.param_groups:
                 group["lr"] = self.lr * share

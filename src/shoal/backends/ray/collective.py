@@ -74,6 +74,7 @@ from shoal.backends.ray.worker import worker_shard
 from shoal.cluster import StragglerModel
 from shoal.config import Config
 from shoal.engine.cost import ring_allreduce_bytes, ring_allreduce_time
+from shoal.engine.replica import torch_optimizer
 from shoal.engine.setup import build_engine
 from shoal.strategy import Strategy
 
@@ -223,10 +224,7 @@ class CollectiveWorker(GroupExchange):
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         opt = self.cfg.optimizer
-        params = self.engine.model.parameters()
-        if opt.name == "sgd":
-            return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
-        return torch.optim.Adam(params, lr=opt.lr, weight_decay=opt.weight_decay)
+        return torch_optimizer(opt, self.engine.model.parameters(), opt.weight_decay)
 
     def optimizer_state(self) -> tuple[dict[str, Any], StepScale]:
         """The optimizer's state and the scale it stepped at (a group keeps them through a regroup)."""

@@ -1,0 +1,87 @@
+"""The server optimizers under the 1/N update weighting: AdamW's decoupled weight decay beside Adam's L2 penalty."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from conftest import FAST
+from shoal.api import train
+from shoal.cli import app
+from shoal.config import OptimizerConfig
+from shoal.engine.replica import Replica, torch_optimizer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_full_adamw_step_is_torchs_adamw_on_the_mean_gradient():
+    """A BSP round (N gradients at weight 1/N) steps exactly as torch's AdamW on their mean."""
+    gen = torch.Generator().manual_seed(0)
+    start = torch.randn(20, generator=gen)
+    replica = Replica(start, torch.zeros(0), OptimizerConfig(name="adamw", lr=0.01, weight_decay=0.1))
+    reference = torch.nn.Parameter(start.clone())
+    optimizer = torch.optim.AdamW([reference], lr=0.01, weight_decay=0.1)
+    for _ in range(5):
+        grads = [torch.randn(20, generator=gen) for _ in range(4)]
+        replica.apply(grads, weight=0.25)
+        reference.grad = torch.stack(grads).sum(0) / 4
+        optimizer.step()
+    assert torch.equal(replica.params.detach(), reference.detach())
+
+
+@pytest.mark.parametrize("weight", [1.0, 0.25])
+def test_adamw_shrinks_the_parameters_in_proportion_and_adam_passes_the_decay_through_its_normalisation(weight):
+    """On a zero gradient AdamW's step is the decay alone, p x (1 - lr x share x wd); Adam's L2 penalty is a
+    gradient, which Adam normalises: its first step moves every parameter by lr x share, whatever its size."""
+    start = torch.tensor([1.0, -2.0, 8.0])
+    lr, wd = 0.01, 0.5
+    decoupled = Replica(start, torch.zeros(0), OptimizerConfig(name="adamw", lr=lr, weight_decay=wd))
+    coupled = Replica(start, torch.zeros(0), OptimizerConfig(name="adam", lr=lr, weight_decay=wd))
+    for replica in (decoupled, coupled):
+        replica.apply([torch.zeros(3)], weight)
+    assert torch.allclose(decoupled.params.detach(), start * (1 - lr * weight * wd), rtol=0, atol=1e-7)
+    assert torch.allclose(coupled.params.detach(), start - lr * weight * start.sign(), rtol=0, atol=1e-6)
+
+
+def test_n_steps_of_one_nth_decay_about_as_one_full_step():
+    """An asynchronous scheme's N steps at weight 1/N decay as far as BSP's one step, to second order."""
+    opt = OptimizerConfig(name="adamw", lr=0.05, weight_decay=0.2)
+    start = torch.tensor([1.0, -3.0])
+    full, split = Replica(start, torch.zeros(0), opt), Replica(start, torch.zeros(0), opt)
+    full.apply([torch.zeros(2)] * 8, 1 / 8)
+    for _ in range(8):
+        split.apply([torch.zeros(2)], 1 / 8)
+    assert torch.allclose(split.params.detach(), full.params.detach(), rtol=(0.05 * 0.2) ** 2)
+
+
+def test_torch_optimizer_builds_what_the_config_names():
+    """The one factory the replica and the ray all-reduce ranks share."""
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    built = {name: torch_optimizer(OptimizerConfig(name=name, lr=0.1, weight_decay=0.3), params, 0.3)
+             for name in ("sgd", "adam", "adamw")}
+    assert [type(o).__name__ for o in built.values()] == ["SGD", "Adam", "AdamW"]
+    assert all(o.param_groups[0]["weight_decay"] == 0.3 and o.param_groups[0]["lr"] == 0.1 for o in built.values())
+
+
+@pytest.mark.parametrize("scheme", ["bsp", "asp", "localsgd"])
+def test_adamw_trains_from_the_python_api(tmp_path, scheme):
+    result = train(None, out=tmp_path / scheme, progress=False,
+                   overrides=FAST + [f"sync.scheme={scheme}", 'optimizer.name="adamw"', "optimizer.lr=0.01",
+                                     "optimizer.weight_decay=0.01"])
+    assert result.summary["time_to_target_s"] is not None, result.summary
+
+
+def test_adamw_from_the_cli_and_a_wrong_name_is_one_line(tmp_path):
+    sets = [a for o in FAST + ['optimizer.name="adamw"', "optimizer.lr=0.01", "optimizer.weight_decay=0.01"]
+            for a in ("--set", o)]
+    result = CliRunner().invoke(app, ["train", "-q", *sets, "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert tomllib.loads((tmp_path / "r" / "config.toml").read_text())["optimizer"]["name"] == "adamw"
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["final_accuracy"] > 0.9
+    wrong = CliRunner().invoke(app, ["train", "--set", 'optimizer.name="adamx"', "--out", str(tmp_path / "w")])
+    assert wrong.exit_code == 2 and "optimizer.name" in wrong.output and "adamw" in wrong.output
+    assert not (tmp_path / "w").exists()
