@@ -1,4 +1,5 @@
-"""The server optimizers under the 1/N update weighting: AdamW's decoupled weight decay beside Adam's L2 penalty."""
+"""The server optimizers under the 1/N update weighting: AdamW's decoupled weight decay beside Adam's L2 penalty,
+and gradient clipping."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import tomllib
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from conftest import FAST
@@ -67,11 +70,49 @@ def test_torch_optimizer_builds_what_the_config_names():
     assert all(o.param_groups[0]["weight_decay"] == 0.3 and o.param_groups[0]["lr"] == 0.1 for o in built.values())
 
 
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_a_clipped_bsp_round_is_torchs_clip_grad_norm_on_the_mean_then_the_step(name):
+    gen = torch.Generator().manual_seed(1)
+    start = torch.randn(30, generator=gen)
+    opt = OptimizerConfig(name=name, lr=0.05, momentum=0.9, weight_decay=0.01, clip_norm=0.5)
+    replica = Replica(start, torch.zeros(0), opt)
+    reference = torch.nn.Parameter(start.clone())
+    optimizer = (torch.optim.SGD([reference], lr=0.05, momentum=0.9, weight_decay=0.01) if name == "sgd"
+                 else torch.optim.AdamW([reference], lr=0.05, weight_decay=0.01))
+    for scale in (0.01, 3.0, 10.0):  # a round under the norm, then two over it
+        grads = [scale * torch.randn(30, generator=gen) for _ in range(4)]
+        replica.apply(grads, weight=0.25)
+        reference.grad = torch.stack(grads).sum(0) / 4
+        torch.nn.utils.clip_grad_norm_([reference], 0.5)
+        optimizer.step()
+        assert torch.allclose(replica.params.detach(), reference.detach(), rtol=1e-6, atol=1e-7)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 5), st.floats(0.1, 20.0), st.floats(0.05, 2.0), st.integers(0, 10_000))
+def test_no_clipped_step_moves_further_than_its_share_of_the_norm(count, scale, clip, seed):
+    """Plain SGD at lr 1: a step of ``count`` gradients at weight 1/8 moves by their clipped mean times its share,
+    so never more than clip x share; a mean already under the norm moves exactly as without clipping."""
+    gen = torch.Generator().manual_seed(seed)
+    grads = [scale * torch.randn(10, generator=gen) for _ in range(count)]
+    moved = {}
+    for clip_norm in (clip, None):
+        replica = Replica(torch.zeros(10), torch.zeros(0), OptimizerConfig(lr=1.0, momentum=0.0, clip_norm=clip_norm))
+        replica.apply(grads, weight=1 / 8)
+        moved[clip_norm] = -replica.params.detach()
+    share, mean = count / 8, torch.stack(grads).mean(0)
+    assert float(moved[clip].norm()) <= clip * share * (1 + 1e-5)
+    if float(mean.norm()) <= clip:
+        assert torch.equal(moved[clip], moved[None])
+    else:
+        assert torch.allclose(moved[clip], moved[None] * clip / (float(mean.norm()) + 1e-6), rtol=1e-5)
+
+
 @pytest.mark.parametrize("scheme", ["bsp", "asp", "localsgd"])
-def test_adamw_trains_from_the_python_api(tmp_path, scheme):
+def test_adamw_with_clipping_trains_from_the_python_api(tmp_path, scheme):
     result = train(None, out=tmp_path / scheme, progress=False,
                    overrides=FAST + [f"sync.scheme={scheme}", 'optimizer.name="adamw"', "optimizer.lr=0.01",
-                                     "optimizer.weight_decay=0.01"])
+                                     "optimizer.weight_decay=0.01", "optimizer.clip_norm=1.0"])
     assert result.summary["time_to_target_s"] is not None, result.summary
 
 

@@ -361,10 +361,10 @@ def test_bsp_on_allreduce_computes_exactly_what_the_simulated_bsp_does(ray_sessi
     assert backend.recorder.evals[-1]["loss"] == pytest.approx(sim.recorder.evals[-1]["loss"], rel=1e-4)
 
 
-def test_adamw_on_allreduce_steps_as_the_simulated_bsp_server_does(ray_session):
-    """AdamW's decoupled decay: torch's AdamW on every rank moves the model as the sim's BSP server does."""
+def test_adamw_and_clipping_on_allreduce_step_as_the_simulated_bsp_server_does(ray_session):
+    """AdamW's decoupled decay and a clipped mean gradient: the ranks move the model as the sim's BSP server does."""
     budget = ["run.max_iterations=40", "run.target_accuracy=1.0", "run.max_time_s=60", 'optimizer.name="adamw"',
-              "optimizer.lr=0.01", "optimizer.weight_decay=0.05"]
+              "optimizer.lr=0.01", "optimizer.weight_decay=0.05", "optimizer.clip_norm=0.3"]
     backend, ray_summary = run_backend(ray_config("sync.intra_group=allreduce", *budget))
     sim = SimBackend(build_setup(load_config(None, FAST + budget)), RunRecorder())
     sim.run()

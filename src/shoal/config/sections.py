@@ -124,6 +124,7 @@ class OptimizerConfig(Section):
     lr: float = Field(0.05, gt=0, description="Learning rate.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
     weight_decay: float = Field(0.0, ge=0, description="sgd, adam: an L2 penalty added to the gradient, with the same 1/N weight as gradients; adamw: decoupled, every step shrinks the parameters by lr x weight_decay (scaled like the step).")
+    clip_norm: float | None = Field(None, gt=0, description="Clip the gradient of every optimizer step to this L2 norm (over all parameters), as torch.nn.utils.clip_grad_norm_ does before DDP's step: the mean of the gradients the step applies (BSP: the round's mean; ASP, SSP, local steps: each gradient), before weight decay. None: no clipping.")
     lr_decay_epochs: list[Annotated[float, Field(gt=0)]] = Field([], description="Global epochs (> 0) at which the learning rate is multiplied by lr_decay_factor (a step schedule).")
     lr_decay_factor: float = Field(0.1, gt=0, le=1, description="Factor applied to the learning rate at each of lr_decay_epochs.")
 

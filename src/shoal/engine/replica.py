@@ -26,6 +26,14 @@ def torch_optimizer(opt: OptimizerConfig, params: Iterable[torch.Tensor], weight
     return torch.optim.Adam(params, lr=opt.lr, weight_decay=weight_decay)
 
 
+def clip_mean(total: torch.Tensor, count: int, max_norm: float) -> None:
+    """Scale ``total``, the sum of ``count`` gradients, in place so that their mean's L2 norm is at most
+    ``max_norm``, with torch's clip_grad_norm_ coefficient (max_norm / (norm + 1e-6), at most 1)."""
+    coefficient = max_norm / (float(total.norm()) / count + 1e-6)
+    if coefficient < 1.0:
+        total.mul_(coefficient)
+
+
 class Replica:
     """Parameters + optimizer of one server; ``version`` counts changes to the parameters.
 
@@ -46,6 +54,7 @@ class Replica:
         self.lr_scale = 1.0
         self.scale_invariant = opt.name in ADAM_FAMILY
         self.decoupled_decay = opt.name == "adamw"
+        self.clip_norm = opt.clip_norm
         self.optimizer = self._make_optimizer(opt)
         self.outer = outer
         # DiLoCo: Nesterov SGD on the averaged pseudo-gradient, a second optimizer on the same parameters
@@ -110,12 +119,16 @@ class Replica:
         ``weight * len(grads)`` instead, so N asynchronous steps of 1/N move
         as far as one synchronous step on N gradients. AdamW's decoupled
         decay follows the scaled step size, so it too decays N steps of 1/N
-        about as one full step. ``frozen`` ranges keep
+        about as one full step. With ``clip_norm`` the mean of the gradients
+        is clipped first (before weight decay), as DDP's averaged gradient is
+        by ``clip_grad_norm_``. ``frozen`` ranges keep
         their parameters and optimizer state untouched (SIM: tensors the
         workers are stepping locally this iteration).
         """
         total = torch.stack(list(grads)).sum(0) if len(grads) > 1 else grads[0].clone()
         share = weight * len(grads)
+        if self.clip_norm is not None:
+            clip_mean(total, len(grads), self.clip_norm)
         if self.scale_invariant:
             total.div_(len(grads))
             if self.weight_decay and not self.decoupled_decay:

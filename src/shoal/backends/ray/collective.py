@@ -331,6 +331,8 @@ class CollectiveWorker(GroupExchange):
         scale = self.balancer.scale(self.w, plan.members) if self.balancer else 1.0
         (loss * scale if scale != 1.0 else loss).backward()  # DDP all-reduces the buckets while backward runs
         self.iterations += 1
+        if self.cfg.optimizer.clip_norm is not None:  # DDP's averaged gradient, as the replica clips its mean
+            torch.nn.utils.clip_grad_norm_(self.engine.model.parameters(), self.cfg.optimizer.clip_norm)
         with self.lock:
             if not self.grouped:
                 self._set_lr()
