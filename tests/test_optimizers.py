@@ -68,6 +68,8 @@ def test_torch_optimizer_builds_what_the_config_names():
              for name in ("sgd", "adam", "adamw")}
     assert [type(o).__name__ for o in built.values()] == ["SGD", "Adam", "AdamW"]
     assert all(o.param_groups[0]["weight_decay"] == 0.3 and o.param_groups[0]["lr"] == 0.1 for o in built.values())
+    betas = OptimizerConfig(name="adamw", betas=(0.9, 0.95))
+    assert torch_optimizer(betas, params, 0.0).param_groups[0]["betas"] == (0.9, 0.95)
 
 
 @pytest.mark.parametrize("name", ["sgd", "adamw"])
@@ -117,12 +119,15 @@ def test_adamw_with_clipping_trains_from_the_python_api(tmp_path, scheme):
 
 
 def test_adamw_from_the_cli_and_a_wrong_name_is_one_line(tmp_path):
-    sets = [a for o in FAST + ['optimizer.name="adamw"', "optimizer.lr=0.01", "optimizer.weight_decay=0.01"]
-            for a in ("--set", o)]
+    sets = [a for o in FAST + ['optimizer.name="adamw"', "optimizer.lr=0.01", "optimizer.weight_decay=0.01",
+                               "optimizer.betas=[0.9, 0.95]"] for a in ("--set", o)]
     result = CliRunner().invoke(app, ["train", "-q", *sets, "--out", str(tmp_path / "r")])
     assert result.exit_code == 0, result.output
-    assert tomllib.loads((tmp_path / "r" / "config.toml").read_text())["optimizer"]["name"] == "adamw"
+    written = tomllib.loads((tmp_path / "r" / "config.toml").read_text())["optimizer"]
+    assert written["name"] == "adamw" and written["betas"] == [0.9, 0.95]
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["final_accuracy"] > 0.9
     wrong = CliRunner().invoke(app, ["train", "--set", 'optimizer.name="adamx"', "--out", str(tmp_path / "w")])
     assert wrong.exit_code == 2 and "optimizer.name" in wrong.output and "adamw" in wrong.output
     assert not (tmp_path / "w").exists()
+    beta = CliRunner().invoke(app, ["train", "--set", "optimizer.betas=[0.9, 1.0]", "--out", str(tmp_path / "b")])
+    assert beta.exit_code == 2 and "optimizer.betas" in beta.output and not (tmp_path / "b").exists()

@@ -119,12 +119,17 @@ class TaskConfig(Section):
         return self.higher_is_better if self.higher_is_better is not None else self.metric == "accuracy"
 
 
+#: a coefficient of Adam's running averages
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
 class OptimizerConfig(Section):
     name: Literal["sgd", "adam", "adamw"] = Field("sgd", description="Server-side optimizer: sgd (with momentum), adam, or adamw (Adam with decoupled weight decay, Loshchilov & Hutter, 2019: the decay shrinks the parameters directly instead of passing through Adam's normalisation, as transformer training does today).")
     lr: float = Field(0.05, gt=0, description="Learning rate.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
     weight_decay: float = Field(0.0, ge=0, description="sgd, adam: an L2 penalty added to the gradient, with the same 1/N weight as gradients; adamw: decoupled, every step shrinks the parameters by lr x weight_decay (scaled like the step).")
-    clip_norm: float | None = Field(None, gt=0, description="Clip the gradient of every optimizer step to this L2 norm (over all parameters), as torch.nn.utils.clip_grad_norm_ does before DDP's step: the mean of the gradients the step applies (BSP: the round's mean; ASP, SSP, local steps: each gradient), before weight decay. None: no clipping.")
+    betas: tuple[Beta, Beta] = Field((0.9, 0.999), description="adam, adamw: two values in [0, 1), the coefficients of the running averages of the gradient and of its square (torch's betas); transformers are often trained with [0.9, 0.95].")
+    clip_norm: float | None = Field(None, gt=0, description="Clip the gradient of every optimizer step to this L2 norm (over all parameters), as torch.nn.utils.clip_grad_norm_ does before DDP's step: the mean of the gradients the step applies (BSP: the round's mean; ASP, SSP, local steps: each gradient), before weight decay. Not set: no clipping.")
     lr_decay_epochs: list[Annotated[float, Field(gt=0)]] = Field([], description="Global epochs (> 0) at which the learning rate is multiplied by lr_decay_factor (a step schedule).")
     lr_decay_factor: float = Field(0.1, gt=0, le=1, description="Factor applied to the learning rate at each of lr_decay_epochs.")
 

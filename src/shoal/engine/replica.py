@@ -21,9 +21,8 @@ def torch_optimizer(opt: OptimizerConfig, params: Iterable[torch.Tensor], weight
     an L2 penalty itself and passes 0 here, except for AdamW, whose decay is not a gradient term)."""
     if opt.name == "sgd":
         return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=weight_decay)
-    if opt.name == "adamw":
-        return torch.optim.AdamW(params, lr=opt.lr, weight_decay=weight_decay)
-    return torch.optim.Adam(params, lr=opt.lr, weight_decay=weight_decay)
+    adam = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
+    return adam(params, lr=opt.lr, betas=opt.betas, weight_decay=weight_decay)
 
 
 def clip_mean(total: torch.Tensor, count: int, max_norm: float) -> None:
