@@ -1,5 +1,5 @@
 """The server optimizers under the 1/N update weighting: AdamW's decoupled weight decay beside Adam's L2 penalty,
-and gradient clipping."""
+gradient clipping, and the learning rate's warm-up."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 from conftest import FAST
 from shoal.api import train
 from shoal.cli import app
-from shoal.config import OptimizerConfig
+from shoal.config import OptimizerConfig, load_config
 from shoal.engine.replica import Replica, torch_optimizer
+from shoal.runner import train as run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -131,3 +132,36 @@ def test_adamw_from_the_cli_and_a_wrong_name_is_one_line(tmp_path):
     assert not (tmp_path / "w").exists()
     beta = CliRunner().invoke(app, ["train", "--set", "optimizer.betas=[0.9, 1.0]", "--out", str(tmp_path / "b")])
     assert beta.exit_code == 2 and "optimizer.betas" in beta.output and not (tmp_path / "b").exists()
+
+
+def test_the_warmup_rises_in_32_equal_stairs_then_the_decay_schedule_follows():
+    opt = OptimizerConfig(lr=0.32, warmup_epochs=2.0, lr_decay_epochs=[5.0], lr_decay_factor=0.5)
+    assert [opt.lr_at(e) for e in (0.0, 0.0624, 0.0625, 1.0, 1.9375, 4.99, 5.0)] == pytest.approx(
+        [0.01, 0.01, 0.02, 0.17, 0.32, 0.32, 0.16])
+    assert [opt.decays_at(e) for e in (0.0, 1.99, 5.0)] == [0, 0, 1] and opt.scheduled
+    assert not OptimizerConfig().scheduled and OptimizerConfig(lr=0.3).lr_at(0.0) == 0.3
+    assert Replica(torch.zeros(2), torch.zeros(0), opt).optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+
+
+def test_a_warmup_that_never_ends_trains_exactly_as_its_first_stair(tmp_path):
+    """The first stair is lr / 32 on every server and local model from the first step."""
+    sets = FAST + ["sync.scheme=localsgd", "run.stop_at_target=false", "run.max_time_s=0.6"]
+    stair = run(load_config(None, sets + ["optimizer.lr=0.1", "optimizer.warmup_epochs=1000"]), tmp_path / "a")
+    constant = run(load_config(None, sets + [f"optimizer.lr={0.1 / 32}"]), tmp_path / "b")
+    assert stair["final_accuracy"] == constant["final_accuracy"] and stair["iterations"] == constant["iterations"]
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+
+
+def test_sim_follows_the_stairs_and_restarts_its_periods_only_at_a_decay(tmp_path, monkeypatch):
+    from shoal.compress.similarity import SimilaritySchedule
+
+    restarts = []
+    reset = SimilaritySchedule.reset
+    monkeypatch.setattr(SimilaritySchedule, "reset", lambda self: restarts.append(1) or reset(self))
+    sets = FAST + ["compression.similarity.enabled=true", "run.stop_at_target=false", "run.max_time_s=1.5",
+                   "optimizer.warmup_epochs=1", "optimizer.lr_decay_epochs=[3]", "optimizer.lr_decay_factor=0.5"]
+    run(load_config(None, sets), tmp_path / "r")
+    events = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    stairs = [e["lr"] for e in events if e["event"] == "lr_warmup"]
+    assert stairs == pytest.approx([0.1 * k / 32 for k in range(2, 33)])  # the first stair is the start
+    assert [e["lr"] for e in events if e["event"] == "lr_decay"] == pytest.approx([0.05]) and len(restarts) == 1

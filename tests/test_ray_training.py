@@ -128,14 +128,17 @@ def test_gssp_splits_into_no_more_group_servers_than_the_cpus_hold(ray_session, 
 @pytest.mark.parametrize("extra", [
     ("sync.scheme=asp", "compression.method=qsgd"),
     ("sync.scheme=ssp", "cluster.speeds=[1, 1, 3, 7]", "compression.method=topk", "compression.density=0.1"),
-    ("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "compression.method=gdtopk"),
+    ("sync.scheme=gssp", "cluster.speeds=[1, 1, 4, 4]", "compression.method=gdtopk", "optimizer.warmup_epochs=1"),
     ("compression.method=fp16",),
     ("compression.method=randk", "compression.density=0.3"),
     ("compression.method=dgc", "compression.density=0.1"),
     ("compression.method=powersgd", "compression.rank=2"),
 ])
 def test_every_scheme_and_compressor_runs(ray_session, extra):
-    backend, summary = run_backend(ray_config("run.max_time_s=1", "run.target_accuracy=0.99", *extra))
+    stream = io.StringIO()
+    backend, summary = run_backend(ray_config("run.max_time_s=1", "run.target_accuracy=0.99", *extra), stream=stream)
+    stairs = [e["lr"] for e in events_of(stream) if e["event"] == "lr_warmup"]
+    assert stairs == sorted(stairs) and bool(stairs) == ("optimizer.warmup_epochs=1" in extra)  # servers follow
     assert summary["iterations"] > 8 and summary["final_accuracy"] > 0.2
     if any("compression.method" in e for e in extra):
         assert summary["bytes_up"] < summary["iterations"] * 4 * summary["params"]
@@ -361,10 +364,11 @@ def test_bsp_on_allreduce_computes_exactly_what_the_simulated_bsp_does(ray_sessi
     assert backend.recorder.evals[-1]["loss"] == pytest.approx(sim.recorder.evals[-1]["loss"], rel=1e-4)
 
 
-def test_adamw_and_clipping_on_allreduce_step_as_the_simulated_bsp_server_does(ray_session):
-    """AdamW's decoupled decay and a clipped mean gradient: the ranks move the model as the sim's BSP server does."""
+def test_adamw_clipping_and_warmup_on_allreduce_step_as_the_simulated_bsp_server_does(ray_session):
+    """AdamW's decoupled decay, a clipped mean gradient and a warm-up's stairs: the ranks move the model as the sim's
+    BSP server does."""
     budget = ["run.max_iterations=40", "run.target_accuracy=1.0", "run.max_time_s=60", 'optimizer.name="adamw"',
-              "optimizer.lr=0.01", "optimizer.weight_decay=0.05", "optimizer.clip_norm=0.3"]
+              "optimizer.lr=0.01", "optimizer.weight_decay=0.05", "optimizer.clip_norm=0.3", "optimizer.warmup_epochs=2"]
     backend, ray_summary = run_backend(ray_config("sync.intra_group=allreduce", *budget))
     sim = SimBackend(build_setup(load_config(None, FAST + budget)), RunRecorder())
     sim.run()

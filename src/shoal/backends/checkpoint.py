@@ -73,7 +73,7 @@ def save_replica(folder: Path, name: str, replica: Replica, meta: dict[str, Any]
     save_file(tensors, str(path))
     manifest = {
         "format": FORMAT, "tensors": path.name, "sha256": _sha256(path), "version": replica.version,
-        "optimizer": {"param_groups": state["param_groups"], "scalars": scalars}, **meta,
+        "lr": replica.lr, "optimizer": {"param_groups": state["param_groups"], "scalars": scalars}, **meta,
     }
     _write_json(folder / f"{name}.json", manifest)
     return manifest
@@ -98,6 +98,7 @@ def load_replica(folder: Path, name: str, opt: OptimizerConfig,
         replica.own_params.copy_(tensors["own_params"])
         replica.own_buffers.copy_(tensors["own_buffers"])
     replica.optimizer.load_state_dict(_optimizer_state(tensors, manifest["optimizer"]))
+    replica.lr = float(manifest.get("lr", replica.lr))  # the schedule's rate then (Adam re-derives its step from it)
     replica.version = int(manifest["version"])
     return replica, manifest
 

@@ -3,6 +3,7 @@ compression, network, backend."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -119,6 +120,9 @@ class TaskConfig(Section):
         return self.higher_is_better if self.higher_is_better is not None else self.metric == "accuracy"
 
 
+#: the steps of optimizer.warmup_epochs' linear warm-up
+WARMUP_STAIRS = 32
+
 #: a coefficient of Adam's running averages
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
@@ -132,10 +136,28 @@ class OptimizerConfig(Section):
     clip_norm: float | None = Field(None, gt=0, description="Clip the gradient of every optimizer step to this L2 norm (over all parameters), as torch.nn.utils.clip_grad_norm_ does before DDP's step: the mean of the gradients the step applies (BSP: the round's mean; ASP, SSP, local steps: each gradient), before weight decay. Not set: no clipping.")
     lr_decay_epochs: list[Annotated[float, Field(gt=0)]] = Field([], description="Global epochs (> 0) at which the learning rate is multiplied by lr_decay_factor (a step schedule).")
     lr_decay_factor: float = Field(0.1, gt=0, le=1, description="Factor applied to the learning rate at each of lr_decay_epochs.")
+    warmup_epochs: float = Field(0.0, ge=0, description=f"A linear warm-up: over the first this many global epochs the learning rate rises in steps of lr / {WARMUP_STAIRS}, from lr / {WARMUP_STAIRS} to lr ({WARMUP_STAIRS} stairs of equal length, each applied on every server, all-reduce rank and local model, as a decay is), then follows the step schedule; 0 = none. Transformers trained with Adam usually want one.")
 
     def lr_at(self, epoch: float) -> float:
-        """The learning rate after ``epoch`` global epochs under the step schedule."""
-        return self.lr * self.lr_decay_factor ** sum(1 for e in self.lr_decay_epochs if epoch >= e)
+        """The learning rate after ``epoch`` global epochs: the warm-up's step, times the step schedule's."""
+        return self.lr * self.warmup_factor(epoch) * self.lr_decay_factor ** self.decays_at(epoch)
+
+    def decays_at(self, epoch: float) -> int:
+        """How many steps of the decay schedule have passed at ``epoch`` (SIM restarts its periods at each)."""
+        return sum(1 for e in self.lr_decay_epochs if epoch >= e)
+
+    def warmup_factor(self, epoch: float) -> float:
+        """The warm-up's share of lr at ``epoch``: (k + 1) / WARMUP_STAIRS in its k-th stair, then 1. A few dozen
+        stairs instead of a change every step: each change reaches every process (on ray, a message per server and
+        worker), and a stair is too small a step for the curve to show it."""
+        if epoch >= self.warmup_epochs:
+            return 1.0
+        return (math.floor(epoch / self.warmup_epochs * WARMUP_STAIRS) + 1) / WARMUP_STAIRS
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the learning rate ever changes during a run."""
+        return bool(self.lr_decay_epochs) or self.warmup_epochs > 0
 
 
 class StragglerConfig(Section):

@@ -48,13 +48,14 @@ class Replica:
         self.params = torch.nn.Parameter(params.detach().clone(), requires_grad=False)
         self.buffers = buffers.detach().clone()
         self.weight_decay = opt.weight_decay
-        self.lr = opt.lr
+        self.lr = opt.lr_at(0.0)  # a warm-up starts below lr; a replica made later is set to the rate then (set_lr)
         self.momentum = opt.momentum if opt.name == "sgd" else 0.0
         self.lr_scale = 1.0
         self.scale_invariant = opt.name in ADAM_FAMILY
         self.decoupled_decay = opt.name == "adamw"
         self.clip_norm = opt.clip_norm
         self.optimizer = self._make_optimizer(opt)
+        self.set_lr(self.lr)
         self.outer = outer
         # DiLoCo: Nesterov SGD on the averaged pseudo-gradient, a second optimizer on the same parameters
         self.outer_optimizer = None if outer is None else torch.optim.SGD(

@@ -455,11 +455,13 @@ class CollectiveWorker(GroupExchange):
             self._records.append(record)
 
     def _set_lr(self) -> None:
-        """BSP: the decayed learning rate at this step, from the iteration count (the same on every rank)."""
-        if not self.cfg.optimizer.lr_decay_epochs:
+        """BSP: the scheduled learning rate of this round, from the iteration count (the same on every rank). As on
+        the simulated server, which follows the schedule after each worker's push and applies a round at its last
+        push: the epoch of every worker iteration but that last one (round r: r x n - 1 iterations)."""
+        if not self.cfg.optimizer.scheduled:
             return
         n = self.cfg.cluster.workers
-        epoch = self.iterations * n * self.cfg.data.batch_size / max(1, self.n_train)
+        epoch = (self.iterations * n - 1) * self.cfg.data.batch_size / max(1, self.n_train)
         lr = self.cfg.optimizer.lr_at(epoch)
         for group in self.optimizer.param_groups:
             group["lr"] = lr

@@ -97,7 +97,8 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
         self.error: str | None = None  # an internal error that stopped the run (its traceback is in metrics.jsonl)
         self.started = False
         self.where = "local"
-        self.lr = self.cfg.optimizer.lr
+        self.lr = self.cfg.optimizer.lr_at(0.0)
+        self.decays = 0  # steps of the decay schedule passed (a warm-up's stairs are not decays)
         self.ckpt_seq = 0
         self.last_checkpoint: str | None = None
         self._run_refs: dict[Any, int] = {}
@@ -251,17 +252,18 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
                 if moves := self.gssp.check_regroup(self.now()):
                     self._regroup(moves)
         epoch = self.setup.epochs(self.recorder.iterations)
-        lr = self.cfg.optimizer.lr_at(epoch)
+        lr, decays = self.cfg.optimizer.lr_at(epoch), self.cfg.optimizer.decays_at(epoch)
         if lr != self.lr:
-            self.lr = lr
+            decayed, self.lr, self.decays = decays != self.decays, lr, decays
             for server in self.servers:
-                server.set_lr.remote(lr)  # with SIM the servers also restart their periods
+                server.set_lr.remote(lr, decayed)  # at a decay, with SIM the servers also restart their periods
             if self.collective and self.gssp is not None:
                 self._configure_groups()
             if self.strategy.local_models:
                 for w in self.alive:
                     self.workers[w].set_lr.remote(lr)
-            self.recorder.event("lr_decay", t=self.now(), epoch=round(epoch, 4), lr=lr)  # as the sim backend
+            self.recorder.event("lr_decay" if decayed else "lr_warmup", t=self.now(), epoch=round(epoch, 4),
+                                lr=lr)  # as the sim backend
 
     # -- evaluation, progress -------------------------------------------------------------
 

@@ -105,6 +105,7 @@ class Membership:
             self.spares.append(self._server_actor(len(self.spares) + 1))
         new, surplus = self.spares[: len(groups) - 1], self.spares[len(groups) - 1 :]
         ray.get([s.install.remote(policies[g + 1], p_ref, b_ref, True, self.epoch) for g, s in enumerate(new)])
+        ray.get([s.set_lr.remote(self.lr, False) for s in (self.servers[0], *new)])  # fresh optimizers: the rate now
         if schedule is not None:  # SIM: every group server runs a restarted copy (group 0 keeps the bytes saved)
             ray.get([s.set_similarity.remote(schedule, self._slices()) for s in new])
         for spare in surplus:

@@ -186,11 +186,11 @@ class GroupServer(GroupExchange):
         """Each gradient's weight, 1/N of the workers taking part (it changes when workers join or leave)."""
         self.weight = weight
 
-    def set_lr(self, lr: float) -> None:
-        """A learning-rate decay; SIM restarts its periods."""
+    def set_lr(self, lr: float, restart: bool = True) -> None:
+        """A new learning rate; at a decay (``restart``) SIM restarts its periods, at a warm-up stair it goes on."""
         assert self.replica is not None
         self.replica.set_lr(lr)
-        if self.schedule is not None:
+        if self.schedule is not None and restart:
             self.schedule.reset()
 
     def set_update_share(self, share: float | None, density: float, exchange_every: int,

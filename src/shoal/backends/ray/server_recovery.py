@@ -162,7 +162,7 @@ class ServerRecovery:
             ray.get(server.restore.remote(policy, source["folder"], f"group-{g}", self.epoch))
         else:
             ray.get(server.install.remote(policy, *self._source_state(source), self.gssp is not None, self.epoch))
-        server.set_lr.remote(self.lr)
+        server.set_lr.remote(self.lr, False)  # the similarity schedule is set anew below
         schedule = self.strategy.aggregation_schedule()
         if schedule is not None:
             server.set_similarity.remote(schedule, self._slices(), self.strategy.broadcast_codec(g))

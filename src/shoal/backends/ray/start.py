@@ -354,6 +354,6 @@ class ActorSetup:
         """Start ``w``'s loop on its current route."""
         self.alive.add(w)
         server = self.server_of(w)
-        if self.strategy.local_models and self.lr != self.cfg.optimizer.lr:
+        if self.strategy.local_models and self.lr != self.cfg.optimizer.lr_at(0.0):
             self.workers[w].set_lr.remote(self.lr)  # a restarted worker's local optimizer follows the decay
         self._run_refs[self.workers[w].run.remote(self.t0, self.epoch, server, self.servers[server])] = w

@@ -78,7 +78,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         self.gradients = self._init_compute()
         policy = self.gssp.policy(0) if self.gssp else self.strategy.policy(range(n))
         self.slices = self.strategy.slices
-        self.lr = self.cfg.optimizer.lr
+        self.lr = self.cfg.optimizer.lr_at(0.0)
+        self.decays = 0  # steps of the decay schedule passed (a warm-up's stairs are not decays)
         self.server_opt = self.strategy.server_optimizer
         self.servers = [self._make_server(policy, self._initial_replica(), self._new_schedule())]
         self.codecs = self._make_codecs(self.strategy.codec)
@@ -244,8 +245,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
             self._finish("diverged")
         if self.gssp is not None:
             self._gssp_step(w, server, applied, compute + comm)
-        if self.cfg.optimizer.lr_decay_epochs:
-            self._decay_lr()
+        if self.cfg.optimizer.scheduled:
+            self._follow_lr()
         every = self.cfg.run.eval_every_iterations
         if every and self.recorder.iterations >= self._next_eval_iterations() and not self.stop.triggered:
             self._evaluate()
@@ -288,20 +289,22 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         done = self.recorder.evals[-1]["iterations"] if self.recorder.evals else 0
         return (done // every + 1) * every
 
-    def _decay_lr(self) -> None:
-        """Follow the step schedule; SIM restarts its periods at a decay."""
-        lr = self.cfg.optimizer.lr_at(self.epoch())
+    def _follow_lr(self) -> None:
+        """Follow the warm-up and the step schedule; SIM restarts its periods at a decay (not at a warm-up stair)."""
+        opt, epoch = self.cfg.optimizer, self.epoch()
+        lr = opt.lr_at(epoch)
         if lr == self.lr:
             return
-        self.lr = lr
+        decays = opt.decays_at(epoch)
+        decayed, self.lr, self.decays = decays != self.decays, lr, decays
         for server in self.servers:
             if server.replica is not None:
                 server.replica.set_lr(lr)
-            if server.schedule is not None:
+            if server.schedule is not None and decayed:
                 server.schedule.reset()
         for local in self.locals:
             local.set_lr(lr)
-        self.recorder.event("lr_decay", t=self.env.now, epoch=round(self.epoch(), 4), lr=lr)
+        self.recorder.event("lr_decay" if decayed else "lr_warmup", t=self.env.now, epoch=round(epoch, 4), lr=lr)
 
     def _account(self, w: int, waited: float, compute: float, comm: float, up_bytes: int, down_bytes: int,
                  steps: int = 1) -> None:

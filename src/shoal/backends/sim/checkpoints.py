@@ -126,6 +126,7 @@ class SimCheckpoints:
         for name, value in state["recorder"].items():
             setattr(self.recorder, name, value)
         self.lr, self.speeds = state["lr"], list(state["speeds"])
+        self.decays = self.cfg.optimizer.decays_at(self.epoch())
         self.next_eval, self.next_checkpoint = state["next_eval"], state["next_checkpoint"]
         self.checkpoint_seq = int(folder.name.rpartition("-")[2])
         if self.noise is not None and "noise" in state:
