@@ -22,6 +22,8 @@ FAST = ["--set", "data.name=digits", "--set", "model.name=mlp", "--set", "model.
 TRAIN = [
     ("lr inf", ["--set", "optimizer.lr=inf"], "optimizer.lr"),
     ("weight decay inf", ["--set", "optimizer.weight_decay=inf"], "optimizer.weight_decay"),
+    ("two decay schedules", ["--set", "optimizer.cosine_epochs=2", "--set", "optimizer.lr_decay_epochs=[1]"],
+     "two decay schedules"),
     ("compute inf", ["--set", "cluster.compute_s=inf"], "cluster.compute_s"),
     ("latency inf", ["--set", "cluster.latency_ms=inf"], "cluster.latency_ms"),
     ("lognormal sigma 1000", ["--set", "cluster.profile=lognormal", "--set", "cluster.lognormal_sigma=1000"], "cluster.lognormal_sigma"),

@@ -4,6 +4,7 @@ gradient clipping, and the learning rate's warm-up."""
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 
 import pytest
@@ -152,16 +153,37 @@ def test_a_warmup_that_never_ends_trains_exactly_as_its_first_stair(tmp_path):
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
 
 
-def test_sim_follows_the_stairs_and_restarts_its_periods_only_at_a_decay(tmp_path, monkeypatch):
+def test_the_cosine_descends_in_64_stairs_to_its_floor_after_the_warmup():
+    opt = OptimizerConfig(lr=1.0, warmup_epochs=1.0, cosine_epochs=4.0, lr_decay_factor=0.1)
+    assert [opt.lr_at(e) for e in (0.99, 1.0, 1.0624, 3.0, 4.99, 5.0, 50.0)] == pytest.approx(
+        [1.0, 1.0, 1.0, 0.55, 0.1 + 0.9 * (1 + math.cos(math.pi * 63 / 64)) / 2, 0.1, 0.1])
+    assert opt.decays_at(50.0) == 0 and opt.change_event(0.5, False) == "lr_warmup"
+    assert opt.change_event(2.0, False) == "lr_cosine" and opt.change_event(2.0, True) == "lr_decay"
+
+
+def _restarts_and_events(tmp_path, monkeypatch, *schedule: str) -> tuple[list[int], list[dict]]:
+    """A BSP+SIM run with ``schedule``: how often SIM restarted its periods, and the run's events."""
     from shoal.compress.similarity import SimilaritySchedule
 
-    restarts = []
+    restarts: list[int] = []
     reset = SimilaritySchedule.reset
     monkeypatch.setattr(SimilaritySchedule, "reset", lambda self: restarts.append(1) or reset(self))
-    sets = FAST + ["compression.similarity.enabled=true", "run.stop_at_target=false", "run.max_time_s=1.5",
-                   "optimizer.warmup_epochs=1", "optimizer.lr_decay_epochs=[3]", "optimizer.lr_decay_factor=0.5"]
+    sets = FAST + ["compression.similarity.enabled=true", "run.stop_at_target=false", "run.max_time_s=1.5", *schedule]
     run(load_config(None, sets), tmp_path / "r")
-    events = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    return restarts, [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_sim_follows_the_stairs_and_restarts_its_periods_only_at_a_decay(tmp_path, monkeypatch):
+    restarts, events = _restarts_and_events(tmp_path, monkeypatch, "optimizer.warmup_epochs=1",
+                                            "optimizer.lr_decay_epochs=[3]", "optimizer.lr_decay_factor=0.5")
     stairs = [e["lr"] for e in events if e["event"] == "lr_warmup"]
     assert stairs == pytest.approx([0.1 * k / 32 for k in range(2, 33)])  # the first stair is the start
     assert [e["lr"] for e in events if e["event"] == "lr_decay"] == pytest.approx([0.05]) and len(restarts) == 1
+
+
+def test_sim_climbs_then_descends_the_cosine_without_restarting_its_periods(tmp_path, monkeypatch):
+    restarts, events = _restarts_and_events(tmp_path, monkeypatch, "optimizer.warmup_epochs=0.5",
+                                            "optimizer.cosine_epochs=1", "optimizer.lr_decay_factor=0.5")
+    warmup, cosine = ([e["lr"] for e in events if e["event"] == kind] for kind in ("lr_warmup", "lr_cosine"))
+    assert warmup == sorted(warmup) and warmup[-1] == pytest.approx(0.1) and not restarts  # an iteration may skip one
+    assert cosine == sorted(cosine, reverse=True) and 20 < len(cosine) <= 64 and cosine[-1] == pytest.approx(0.05)

@@ -364,11 +364,12 @@ def test_bsp_on_allreduce_computes_exactly_what_the_simulated_bsp_does(ray_sessi
     assert backend.recorder.evals[-1]["loss"] == pytest.approx(sim.recorder.evals[-1]["loss"], rel=1e-4)
 
 
-def test_adamw_clipping_and_warmup_on_allreduce_step_as_the_simulated_bsp_server_does(ray_session):
-    """AdamW's decoupled decay, a clipped mean gradient and a warm-up's stairs: the ranks move the model as the sim's
-    BSP server does."""
+def test_adamw_clipping_and_schedules_on_allreduce_step_as_the_simulated_bsp_server_does(ray_session):
+    """AdamW's decoupled decay, a clipped mean gradient, a warm-up's stairs and a cosine's: the ranks move the model
+    as the sim's BSP server does."""
     budget = ["run.max_iterations=40", "run.target_accuracy=1.0", "run.max_time_s=60", 'optimizer.name="adamw"',
-              "optimizer.lr=0.01", "optimizer.weight_decay=0.05", "optimizer.clip_norm=0.3", "optimizer.warmup_epochs=2"]
+              "optimizer.lr=0.01", "optimizer.weight_decay=0.05", "optimizer.clip_norm=0.3", "optimizer.warmup_epochs=2",
+              "optimizer.cosine_epochs=1"]
     backend, ray_summary = run_backend(ray_config("sync.intra_group=allreduce", *budget))
     sim = SimBackend(build_setup(load_config(None, FAST + budget)), RunRecorder())
     sim.run()

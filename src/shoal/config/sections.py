@@ -120,8 +120,9 @@ class TaskConfig(Section):
         return self.higher_is_better if self.higher_is_better is not None else self.metric == "accuracy"
 
 
-#: the steps of optimizer.warmup_epochs' linear warm-up
+#: the steps of optimizer.warmup_epochs' linear warm-up, and of optimizer.cosine_epochs' cosine
 WARMUP_STAIRS = 32
+COSINE_STAIRS = 64
 
 #: a coefficient of Adam's running averages
 Beta = Annotated[float, Field(ge=0, lt=1)]
@@ -135,12 +136,29 @@ class OptimizerConfig(Section):
     betas: tuple[Beta, Beta] = Field((0.9, 0.999), description="adam, adamw: two values in [0, 1), the coefficients of the running averages of the gradient and of its square (torch's betas); transformers are often trained with [0.9, 0.95].")
     clip_norm: float | None = Field(None, gt=0, description="Clip the gradient of every optimizer step to this L2 norm (over all parameters), as torch.nn.utils.clip_grad_norm_ does before DDP's step: the mean of the gradients the step applies (BSP: the round's mean; ASP, SSP, local steps: each gradient), before weight decay. Not set: no clipping.")
     lr_decay_epochs: list[Annotated[float, Field(gt=0)]] = Field([], description="Global epochs (> 0) at which the learning rate is multiplied by lr_decay_factor (a step schedule).")
-    lr_decay_factor: float = Field(0.1, gt=0, le=1, description="Factor applied to the learning rate at each of lr_decay_epochs.")
-    warmup_epochs: float = Field(0.0, ge=0, description=f"A linear warm-up: over the first this many global epochs the learning rate rises in steps of lr / {WARMUP_STAIRS}, from lr / {WARMUP_STAIRS} to lr ({WARMUP_STAIRS} stairs of equal length, each applied on every server, all-reduce rank and local model, as a decay is), then follows the step schedule; 0 = none. Transformers trained with Adam usually want one.")
+    lr_decay_factor: float = Field(0.1, gt=0, le=1, description="Factor applied to the learning rate at each of lr_decay_epochs; with cosine_epochs, the floor (a share of lr) the cosine descends to.")
+    warmup_epochs: float = Field(0.0, ge=0, description=f"A linear warm-up: over the first this many global epochs the learning rate rises in steps of lr / {WARMUP_STAIRS}, from lr / {WARMUP_STAIRS} to lr ({WARMUP_STAIRS} stairs of equal length, each applied on every server, all-reduce rank and local model, as a decay is), then follows the decay schedule; 0 = none. Transformers trained with Adam usually want one.")
+    cosine_epochs: float = Field(0.0, ge=0, description=f"A cosine decay instead of lr_decay_epochs: after the warm-up, over this many global epochs the learning rate descends along a half cosine from lr to lr x lr_decay_factor, in {COSINE_STAIRS} stairs of equal length, and stays there; 0 = none. Runs stop at their target, so the horizon is yours to give (the epochs a run to target takes, or more).")
+
+    @model_validator(mode="after")
+    def _one_decay_schedule(self) -> "OptimizerConfig":
+        """`optimizer.cosine_epochs` and `optimizer.lr_decay_epochs` are not both set (one decay schedule)."""
+        if self.cosine_epochs and self.lr_decay_epochs:
+            raise ValueError("cosine_epochs and lr_decay_epochs are two decay schedules: set one of them")
+        return self
 
     def lr_at(self, epoch: float) -> float:
-        """The learning rate after ``epoch`` global epochs: the warm-up's step, times the step schedule's."""
-        return self.lr * self.warmup_factor(epoch) * self.lr_decay_factor ** self.decays_at(epoch)
+        """The learning rate after ``epoch`` global epochs: the warm-up's stair, times the decay schedule's."""
+        steps = self.lr_decay_factor ** self.decays_at(epoch)
+        return self.lr * self.warmup_factor(epoch) * self.cosine_factor(epoch) * steps
+
+    def cosine_factor(self, epoch: float) -> float:
+        """The cosine's share of lr at ``epoch``: 1 until the warm-up ends, then its k-th stair's
+        floor + (1 - floor) (1 + cos(pi k / COSINE_STAIRS)) / 2, then the floor (lr_decay_factor)."""
+        if not self.cosine_epochs or epoch < self.warmup_epochs:
+            return 1.0
+        k = min(math.floor((epoch - self.warmup_epochs) / self.cosine_epochs * COSINE_STAIRS), COSINE_STAIRS)
+        return self.lr_decay_factor + (1 - self.lr_decay_factor) * (1 + math.cos(math.pi * k / COSINE_STAIRS)) / 2
 
     def decays_at(self, epoch: float) -> int:
         """How many steps of the decay schedule have passed at ``epoch`` (SIM restarts its periods at each)."""
@@ -157,7 +175,11 @@ class OptimizerConfig(Section):
     @property
     def scheduled(self) -> bool:
         """Whether the learning rate ever changes during a run."""
-        return bool(self.lr_decay_epochs) or self.warmup_epochs > 0
+        return bool(self.lr_decay_epochs) or self.warmup_epochs > 0 or self.cosine_epochs > 0
+
+    def change_event(self, epoch: float, decayed: bool) -> str:
+        """What metrics.jsonl calls a change of the rate at ``epoch``: a step decay, a warm-up stair or a cosine's."""
+        return "lr_decay" if decayed else "lr_warmup" if epoch < self.warmup_epochs else "lr_cosine"
 
 
 class StragglerConfig(Section):

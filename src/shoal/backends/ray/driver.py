@@ -262,7 +262,7 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
             if self.strategy.local_models:
                 for w in self.alive:
                     self.workers[w].set_lr.remote(lr)
-            self.recorder.event("lr_decay" if decayed else "lr_warmup", t=self.now(), epoch=round(epoch, 4),
+            self.recorder.event(self.cfg.optimizer.change_event(epoch, decayed), t=self.now(), epoch=round(epoch, 4),
                                 lr=lr)  # as the sim backend
 
     # -- evaluation, progress -------------------------------------------------------------

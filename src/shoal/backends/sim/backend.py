@@ -290,7 +290,8 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         return (done // every + 1) * every
 
     def _follow_lr(self) -> None:
-        """Follow the warm-up and the step schedule; SIM restarts its periods at a decay (not at a warm-up stair)."""
+        """Follow the learning-rate schedule; SIM restarts its periods at a step decay (not at a warm-up's or a
+        cosine's stair: small changes, and a cosine's would restart them all the time)."""
         opt, epoch = self.cfg.optimizer, self.epoch()
         lr = opt.lr_at(epoch)
         if lr == self.lr:
@@ -304,7 +305,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
                 server.schedule.reset()
         for local in self.locals:
             local.set_lr(lr)
-        self.recorder.event("lr_decay" if decayed else "lr_warmup", t=self.env.now, epoch=round(epoch, 4), lr=lr)
+        self.recorder.event(opt.change_event(epoch, decayed), t=self.env.now, epoch=round(epoch, 4), lr=lr)
 
     def _account(self, w: int, waited: float, compute: float, comm: float, up_bytes: int, down_bytes: int,
                  steps: int = 1) -> None:
