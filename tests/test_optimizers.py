@@ -187,3 +187,15 @@ def test_sim_climbs_then_descends_the_cosine_without_restarting_its_periods(tmp_
     warmup, cosine = ([e["lr"] for e in events if e["event"] == kind] for kind in ("lr_warmup", "lr_cosine"))
     assert warmup == sorted(warmup) and warmup[-1] == pytest.approx(0.1) and not restarts  # an iteration may skip one
     assert cosine == sorted(cosine, reverse=True) and 20 < len(cosine) <= 64 and cosine[-1] == pytest.approx(0.05)
+
+
+def test_a_worker_that_joins_after_the_warmup_steps_its_local_model_at_the_rate_then():
+    from shoal.backends.sim import SimBackend
+    from shoal.engine.metrics import RunRecorder
+    from shoal.engine.setup import build_setup
+
+    cfg = load_config(None, FAST + ["sync.scheme=localsgd", "optimizer.warmup_epochs=0.2", "run.stop_at_target=false",
+                                    "run.max_time_s=0.8", "cluster.membership=[{at_s=0.5, add=1}]"])
+    backend = SimBackend(build_setup(cfg), RunRecorder())
+    backend.run()
+    assert len(backend.locals) == 5 and {local.replica.lr for local in backend.locals} == {0.1}

@@ -56,6 +56,7 @@ class SimMembership:
         if self.locals:
             params, buffers = self.setup.engine.initial_state()
             self.locals.append(LocalModel(params, buffers, self.cfg.optimizer, self.strategy.layout))
+            self.locals[-1].set_lr(self.lr)  # the schedule's rate now, not its start
         group = self.gssp.join(w) if self.gssp is not None else 0
         if self.gssp is None:
             self.servers[0].policy.add(w)
