@@ -31,7 +31,8 @@ def read_scalars(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
 
 
 def test_scalars_match_the_evaluations_of_the_run(tmp_path: Path) -> None:
-    cfg = load_config(None, FAST + ["sync.scheme=gssp", "cluster.workers=4", "run.tensorboard=true"])
+    cfg = load_config(None, FAST + ["sync.scheme=gssp", "cluster.workers=4", "run.tensorboard=true",
+                                    "optimizer.warmup_epochs=2"])
     train(cfg, tmp_path / "r")
     scalars = read_scalars(tmp_path / "r" / "tensorboard")
     evals = [e for e in map(json.loads, (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()) if e["event"] == "eval"]
@@ -40,6 +41,9 @@ def test_scalars_match_the_evaluations_of_the_run(tmp_path: Path) -> None:
     assert [t for _, t, _ in scalars["accuracy"]] == pytest.approx([e["t"] for e in evals])  # the run's own clock
     assert [v for _, _, v in scalars["bytes"]] == pytest.approx([e["bytes"] for e in evals], rel=1e-6)
     assert "loss" in scalars
+    events = [e for e in map(json.loads, (tmp_path / "r" / "metrics.jsonl").read_text().splitlines())]
+    in_force = [next(e["lr"] for e in reversed(events[:events.index(ev)]) if "lr" in e) for ev in evals]
+    assert [v for _, _, v in scalars["learning_rate"]] == pytest.approx(in_force) and in_force[0] == 0.1 / 32
     rates = [tag for tag in scalars if tag.startswith("iterations_per_s/group")]
     assert rates and all(v >= 0 for tag in rates for _, _, v in scalars[tag])
     previous = dict(zip([e["t"] for e in evals[1:]], [e["t"] for e in evals]))  # each evaluation's window starts at the one before

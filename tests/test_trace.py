@@ -88,7 +88,24 @@ def test_trace_of_a_gssp_run_has_a_track_per_worker_and_group_server(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert marks[-1] == f"stragglers: {summary['stragglers']['verdict']}"  # the run's verdict closes its track
     assert doc["otherData"]["stragglers"] == summary["stragglers"]["verdict"]
-    assert sum(e["ph"] == "C" for e in doc["traceEvents"]) == sum(r["event"] == "eval" for r in records)
+    counters = [e["name"] for e in doc["traceEvents"] if e["ph"] == "C"]
+    assert counters.count("accuracy") == sum(r["event"] == "eval" for r in records)
+    assert counters.count("learning rate") == 1  # the start's: nothing changes it
+
+
+def test_the_learning_rate_is_a_counter_from_the_start_through_every_stair(tmp_path):
+    from shoal.config import load_config
+    from shoal.runner import train
+
+    train(load_config(None, FAST + ["optimizer.warmup_epochs=1", "optimizer.cosine_epochs=1",
+                                    "run.stop_at_target=false"]), tmp_path / "r")
+    records = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    doc = build_trace(records)
+    check_trace_format(doc)
+    rates = [(e["ts"], e["args"]["lr"]) for e in doc["traceEvents"] if e["name"] == "learning rate"]
+    assert rates[0] == (0, pytest.approx(0.1 / 32)) and max(lr for _, lr in rates) == pytest.approx(0.1)
+    assert [t for t, _ in rates] == sorted(t for t, _ in rates)
+    assert len(rates) == 1 + sum(r["event"] in ("lr_warmup", "lr_cosine") for r in records) > 40
 
 
 def test_bad_trace_input_is_one_line_exit_2(tmp_path):

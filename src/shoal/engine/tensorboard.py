@@ -1,8 +1,8 @@
 """TensorBoard scalars of a run (``run.tensorboard = true``), written with tensorboardX into OUT/tensorboard.
 
 Per evaluation: the test accuracy (or the task's metric), the loss, the
-bytes moved so far, and each group's iterations per second since the last
-evaluation. The step is the run's iteration count; the wall time of each
+bytes moved so far, the learning rate in force, and each group's iterations
+per second since the last evaluation. The step is the run's iteration count; the wall time of each
 point is the run's own clock (virtual seconds on sim), so TensorBoard's
 "relative" axis reads as the run's time.
 """
@@ -34,16 +34,20 @@ class TensorBoardScalars:
         self.writer = SummaryWriter(str(folder))
         self._iterations: Counter[int] = Counter()
         self._last_t = 0.0
+        self._lr: float | None = None  # from the start event, then each decay or stair
 
     def __call__(self, kind: str, fields: dict[str, Any]) -> None:
         if kind == "iteration":
             self._iterations[int(fields.get("group") or 0)] += 1
         elif kind == "eval":
             self._evaluation(fields)
+        elif kind in ("start", "lr_decay", "lr_warmup", "lr_cosine") and fields.get("lr") is not None:
+            self._lr = float(fields["lr"])
 
     def _evaluation(self, fields: dict[str, Any]) -> None:
         step, t = int(fields.get("iterations") or 0), float(fields["t"])
-        scalars = {"accuracy": fields.get("accuracy"), "loss": fields.get("loss"), "bytes": fields.get("bytes")}
+        scalars = {"accuracy": fields.get("accuracy"), "loss": fields.get("loss"), "bytes": fields.get("bytes"),
+                   "learning_rate": self._lr}
         if fields.get("metric"):
             scalars[str(fields["metric"])] = fields.get("value")
         elapsed = t - self._last_t

@@ -6,8 +6,9 @@ Each iteration record ends at its ``t`` and is laid out backwards in the
 order a worker runs it: gate wait, pull, compute, push (``pull_s`` splits
 the communication time; records without it show one "pull+push" slice after
 compute). Group servers get an instant per exchange; the run track gets the
-test metric as a counter and an instant per grouping, failure, checkpoint,
-learning-rate decay and speed change, and the straggler verdict at the end.
+test metric and the learning rate as counters and an instant per grouping,
+failure, checkpoint, learning-rate decay and speed change, and the
+straggler verdict at the end.
 Pure: records in, a dict out.
 """
 
@@ -19,6 +20,8 @@ from typing import Any
 RUN, WORKERS, SERVERS = 0, 1, 2
 #: run-level events drawn as global instants on the run track
 MARKS = ("groups", "worker_failed", "worker_restarted", "checkpoint", "resume", "lr_decay", "speed_change", "end")
+#: events that carry the learning rate from then on, drawn as a counter on the run track
+RATE_CHANGES = ("start", "lr_decay", "lr_warmup", "lr_cosine")
 
 
 def _us(seconds: float) -> int:
@@ -88,7 +91,10 @@ def build_trace(records: Iterable[dict[str, Any]], title: str = "shoal run",
             if value is not None:
                 events.append({"name": record.get("metric", "accuracy"), "ph": "C", "ts": _us(float(record["t"])),
                                "pid": RUN, "tid": 0, "args": {record.get("metric", "accuracy"): value}})
-        elif kind in MARKS and "t" in record:
+        if kind in RATE_CHANGES and "lr" in record and "t" in record:  # the start, each decay and each stair
+            events.append({"name": "learning rate", "ph": "C", "ts": _us(float(record["t"])), "pid": RUN, "tid": 0,
+                           "args": {"lr": record["lr"]}})
+        if kind in MARKS and "t" in record:
             events.append(_mark(record))
     if stragglers and stragglers.get("verdict"):
         end = max((e["ts"] for e in events if "ts" in e), default=0)

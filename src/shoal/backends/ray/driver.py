@@ -362,7 +362,7 @@ class RayBackend(ActorSetup, Membership, CollectiveGroups, Recovery, ServerRecov
             try:
                 self._start()
                 self.recorder.event("start", t=round(self.offset, 6), scheme=self.cfg.sync.scheme, speeds=self.speeds,
-                                    backend="ray", pids=self.pids, devices=self.devices)
+                                    backend="ray", pids=self.pids, devices=self.devices, lr=self.lr)
                 self.recorder.event("groups", t=round(self.offset, 6), groups=self._groups(), reason="start")
                 if not self.collective:
                     self._record_servers("start")

@@ -391,7 +391,7 @@ class SimBackend(SimGroups, SimMembership, SimCheckpoints, SimBalance, SimOverla
         error = None
         first_eval = None
         if self.resumed is None:
-            self.recorder.event("start", t=0.0, scheme=self.cfg.sync.scheme, speeds=self.speeds)
+            self.recorder.event("start", t=0.0, scheme=self.cfg.sync.scheme, speeds=self.speeds, lr=self.lr)
             self.recorder.event("groups", t=0.0, groups=self._groups(), reason="start")
             for w in range(self.profile.workers):
                 self.env.process(self._worker(w))
