@@ -199,3 +199,18 @@ def test_a_worker_that_joins_after_the_warmup_steps_its_local_model_at_the_rate_
     backend = SimBackend(build_setup(cfg), RunRecorder())
     backend.run()
     assert len(backend.locals) == 5 and {local.replica.lr for local in backend.locals} == {0.1}
+
+
+@pytest.mark.parametrize("overrides, line", [
+    ([], "optimizer: sgd, lr 0.1, momentum 0.9; a constant rate"),
+    (["optimizer.lr_decay_epochs=[3, 6]", "optimizer.weight_decay=0.01"],
+     "optimizer: sgd, lr 0.1, momentum 0.9, weight decay 0.01 (L2); x0.1 at epochs 3, 6"),
+    (['optimizer.name="adamw"', "optimizer.lr=0.0032", "optimizer.weight_decay=0.1", "optimizer.betas=[0.9, 0.95]",
+      "optimizer.clip_norm=1", "optimizer.warmup_epochs=0.02", "optimizer.cosine_epochs=0.5"],
+     "optimizer: adamw, lr 0.0032 (betas 0.9, 0.95), weight decay 0.1 (decoupled), gradients clipped to norm 1; "
+     "warm-up over 0.02 epochs from 0.0001, then a cosine over 0.5 epochs to 0.00032"),
+])
+def test_the_dry_run_states_the_optimizer_and_its_schedule(overrides, line):
+    from shoal.runner import dry_run
+
+    assert line in dry_run(load_config(None, FAST + overrides))

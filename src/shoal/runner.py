@@ -11,7 +11,7 @@ from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from shoal.config import Config, to_toml
+from shoal.config import Config, OptimizerConfig, to_toml
 from shoal.errors import ConfigError
 from shoal.engine.metrics import RunRecorder, write_json_atomic
 from shoal.errors import InternalError
@@ -108,6 +108,7 @@ def dry_run(cfg: Config) -> list[str]:
         f"scheme: {sync.scheme} ({sync.intra_group} path)" + ("; groups formed once workers are profiled"
                                                             if strategy.grouped else ""),
         f"work: {'data.batch_size for every worker' if strategy.balance == 'none' else f'sync.balance = {strategy.balance!r}'}",
+        f"optimizer: {_optimizer_line(cfg.optimizer)}",
         f"local models: {'yes' if strategy.local_models else 'no'}; outer step: {strategy.outer_step or 'none'}",
         f"compression: {cfg.compression.method}" + (f" at density {cfg.compression.density:g}"
                                                      if strategy.compressed else "")
@@ -120,6 +121,26 @@ def dry_run(cfg: Config) -> list[str]:
                                               else ""),
     ]
     return lines
+
+
+def _optimizer_line(opt: OptimizerConfig) -> str:
+    """The optimizer and the learning rate's schedule in words, e.g. ``adamw, lr 0.003 (betas 0.9, 0.95), weight
+    decay 0.1 (decoupled); warm-up over 0.02 epochs from 9.38e-05, then a cosine over 0.5 epochs to 0.0003``."""
+    parts = [f"{opt.name}, lr {opt.lr:g}"]
+    parts[0] += f", momentum {opt.momentum:g}" if opt.name == "sgd" else f" (betas {opt.betas[0]:g}, {opt.betas[1]:g})"
+    if opt.weight_decay:
+        parts[0] += f", weight decay {opt.weight_decay:g}" + (" (decoupled)" if opt.name == "adamw" else " (L2)")
+    if opt.clip_norm is not None:
+        parts[0] += f", gradients clipped to norm {opt.clip_norm:g}"
+    schedule = []
+    if opt.warmup_epochs:
+        schedule.append(f"warm-up over {opt.warmup_epochs:g} epochs from {opt.lr_at(0.0):.3g}")
+    if opt.cosine_epochs:
+        schedule.append(f"a cosine over {opt.cosine_epochs:g} epochs to {opt.lr * opt.lr_decay_factor:.3g}")
+    if opt.lr_decay_epochs:
+        epochs = ", ".join(f"{e:g}" for e in opt.lr_decay_epochs)
+        schedule.append(f"x{opt.lr_decay_factor:g} at epochs {epochs}")
+    return "; ".join([parts[0], ", then ".join(schedule) or "a constant rate"])
 
 
 def _periodic_plan(strategy: Strategy, schedule: PeriodicSchedule, workers: int) -> str:
