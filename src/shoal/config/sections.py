@@ -158,6 +158,8 @@ class OptimizerConfig(Section):
         if not self.cosine_epochs or epoch < self.warmup_epochs:
             return 1.0
         k = min(math.floor((epoch - self.warmup_epochs) / self.cosine_epochs * COSINE_STAIRS), COSINE_STAIRS)
+        if k == 0:  # exactly lr: floor + (1 - floor) need not round to 1
+            return 1.0
         return self.lr_decay_factor + (1 - self.lr_decay_factor) * (1 + math.cos(math.pi * k / COSINE_STAIRS)) / 2
 
     def decays_at(self, epoch: float) -> int:
