@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: test files whose every test runs on a real Ray instance (marked ``ray``: run one at a time, after the rest);
 #: the ray backend's parts that need no Ray instance are tested in test_ray_parts.py, with the rest of the suite
-RAY_FILES = {"test_ray_training.py", "test_ray_faults.py"}
+RAY_FILES = {"test_ray_training.py", "test_ray_allreduce.py", "test_ray_faults.py"}
 
 
 def pytest_collection_modifyitems(config, items):

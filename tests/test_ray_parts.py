@@ -37,7 +37,7 @@ from ray_support import SERVER_PATH, ray_config  # noqa: E402
 def no_ray_instance(monkeypatch):
     """These tests run beside others (pytest -n): one that started Ray would time its processes against them."""
     def refuse(*args, **kwargs):
-        raise AssertionError("this test started Ray: it belongs in test_ray_training.py or test_ray_faults.py")
+        raise AssertionError("this test started Ray: it belongs in one of conftest.RAY_FILES")
 
     monkeypatch.setattr(ray, "init", refuse)
 
