@@ -124,6 +124,9 @@ class TaskConfig(Section):
 WARMUP_STAIRS = 32
 COSINE_STAIRS = 64
 
+#: the metrics.jsonl events of a change of the learning rate (OptimizerConfig.change_event); each carries ``lr``
+RATE_EVENTS = ("lr_decay", "lr_warmup", "lr_cosine")
+
 #: a coefficient of Adam's running averages
 Beta = Annotated[float, Field(ge=0, lt=1)]
 

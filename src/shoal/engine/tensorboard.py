@@ -1,10 +1,11 @@
 """TensorBoard scalars of a run (``run.tensorboard = true``), written with tensorboardX into OUT/tensorboard.
 
 Per evaluation: the test accuracy (or the task's metric), the loss, the
-bytes moved so far, the learning rate in force, and each group's iterations
-per second since the last evaluation. The step is the run's iteration count; the wall time of each
-point is the run's own clock (virtual seconds on sim), so TensorBoard's
-"relative" axis reads as the run's time.
+bytes moved so far, the learning rate in force, and each group's
+iterations per second since the last evaluation. The step is the run's
+iteration count; the wall time of each point is the run's own clock
+(virtual seconds on sim), so TensorBoard's "relative" axis reads as the
+run's time.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from shoal.config.sections import RATE_EVENTS
 from shoal.errors import ConfigError
 
 INSTALL = "pip install 'shoal[tensorboard]' (tensorboardX)"
@@ -41,7 +43,7 @@ class TensorBoardScalars:
             self._iterations[int(fields.get("group") or 0)] += 1
         elif kind == "eval":
             self._evaluation(fields)
-        elif kind in ("start", "lr_decay", "lr_warmup", "lr_cosine") and fields.get("lr") is not None:
+        elif (kind == "start" or kind in RATE_EVENTS) and fields.get("lr") is not None:
             self._lr = float(fields["lr"])
 
     def _evaluation(self, fields: dict[str, Any]) -> None:

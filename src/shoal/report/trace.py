@@ -17,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from shoal.config.sections import RATE_EVENTS
+
 RUN, WORKERS, SERVERS = 0, 1, 2
 #: run-level events drawn as global instants on the run track
 MARKS = ("groups", "worker_failed", "worker_restarted", "checkpoint", "resume", "lr_decay", "speed_change", "end")
 #: events that carry the learning rate from then on, drawn as a counter on the run track
-RATE_CHANGES = ("start", "lr_decay", "lr_warmup", "lr_cosine")
+RATE_CHANGES = ("start", *RATE_EVENTS)
 
 
 def _us(seconds: float) -> int:
