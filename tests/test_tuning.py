@@ -193,12 +193,41 @@ def test_an_edge_is_weighed_against_the_next_value_in_on_the_development_seeds()
     tuning = [{"point": {"lr": lr, "h": h}, "median_time_to_target_s": t}
               for (h, lr), t in {(2, 0.1): 30.0, (8, 0.1): 20.0, (32, 0.1): 18.0, (8, 0.2): None}.items()]
     row = {"scheme": "localsgd", "tuned": {"h": 32, "lr": 0.1}, "tuning": tuning}
-    assert edge_margins(row, grids) == [{"key": "h", "kept": 32, "kept_s": 18.0, "next": 8, "next_s": 20.0}]
+    assert edge_margins(row, grids) == [{"key": "h", "kept": 32, "kept_s": 18.0, "next": 8, "next_s": 20.0,
+                                         "beyond": 128}]
     low = {**row, "tuned": {"h": 2, "lr": 0.2}}
-    assert edge_margins(low, grids) == [{"key": "h", "kept": 2, "kept_s": None, "next": 8, "next_s": None}]
+    assert edge_margins(low, grids) == [{"key": "h", "kept": 2, "kept_s": None, "next": 8, "next_s": None,
+                                         "beyond": 1}]
     assert edge_margins({**row, "tuned": {"h": 8, "lr": 0.1}}, grids) == []
     warned, = tuning_warnings([row], grids)
     assert "[2, 8, 32] (median time to target on the development seeds 18 s; 8: 20 s): its best" in warned
+    assert warned.endswith("widen it (next value out: 128), and every other scheme's grid by as many points")
+
+
+def test_the_next_value_past_an_edge_continues_the_grids_own_step():
+    """Geometric grids go on by their ratio, others by their end step; integers stay integers, and a positive
+    grid stays positive (a learning rate of 0 or below is no value to try)."""
+    from shoal.report.tuning import beyond_edge
+
+    assert beyond_edge([2, 8, 32], "largest") == 128 and beyond_edge([32, 2, 8], "smallest") == 1
+    assert beyond_edge([0.4, 0.7, 1.0], "largest") == 1.3 and beyond_edge([0.4, 0.7, 1.0], "smallest") == 0.1
+    assert beyond_edge([0.001, 0.01, 0.1], "smallest") == 0.0001 and beyond_edge([1, 3, 9], "largest") == 27
+    assert beyond_edge([0.1, 0.2, 0.3], "smallest") == 0.05  # 0.0 would leave the positive grid: halved
+    assert beyond_edge([1, 2, 3], "smallest") is None  # no whole number between 0 and 1
+    assert beyond_edge([-1.0, 0.0, 1.0], "smallest") == -2.0  # a grid that crosses zero may go on crossing
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 10_000), min_size=3, max_size=6, unique=True), st.sampled_from(["smallest", "largest"]))
+def test_the_next_value_out_lies_outside_the_grid_and_keeps_its_type(values, side):
+    from shoal.report.tuning import beyond_edge
+
+    out = beyond_edge(values, side)
+    if out is None:
+        assert side == "smallest" and min(values) <= 2  # only a small positive end can have no integer past it
+        return
+    assert isinstance(out, int) and out >= 1
+    assert out < min(values) if side == "smallest" else out > max(values)
 
 
 def test_compare_warns_when_a_scheme_kept_the_edge_of_its_grid(tuned):

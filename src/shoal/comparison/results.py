@@ -91,7 +91,8 @@ def tuning_warnings(rows: list[dict[str, Any]], grids: dict[str, dict[str, list[
             side = "smallest" if m["kept"] < m["next"] else "largest"  # the next value in lies on the grid's side
             warnings.append(f"tuning: {row['scheme']} kept {m['key']} = {m['kept']}, the {side} value of its "
                             f"grid {grids[row['scheme']][m['key']]}{_margin_words(m)}: its best may lie beyond the "
-                            "grid; widen it (and every other scheme's by as many points)")
+                            "grid; widen it" + (f" (next value out: {m['beyond']})" if m["beyond"] is not None else "") +
+                            ", and every other scheme's grid by as many points")
     return warnings
 
 

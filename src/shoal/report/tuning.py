@@ -92,8 +92,34 @@ def edge_margins(row: dict[str, Any], grids: dict[str, dict[str, list[Any]]]) ->
         values = sorted(v for v in grid[key] if isinstance(v, (int, float)) and not isinstance(v, bool))
         neighbour = values[1] if side == "smallest" else values[-2]
         margins.append({"key": key, "kept": value, "kept_s": by_point.get(_unordered(kept)), "next": neighbour,
-                        "next_s": by_point.get(_unordered({**kept, key: neighbour}))})
+                        "next_s": by_point.get(_unordered({**kept, key: neighbour})),
+                        "beyond": beyond_edge(values, side)})
     return margins
+
+
+def beyond_edge(values: Sequence[int | float], side: str) -> int | float | None:
+    """The grid's next value past its ``"smallest"`` or ``"largest"`` end, continuing the grid's own step there
+    (None where no such value exists).
+
+    A grid of positive values with one ratio between its ends' steps (2, 8, 32) is continued by that ratio
+    (128, or 0.5 on the small side); any other by the step between its two values nearest the end (0.4, 0.7,
+    1.0 -> 1.3 or 0.1). Where that step would cross zero from a positive grid, the end is halved instead, so a
+    learning rate stays positive. A grid of integers stays integer: the continued value is rounded toward the
+    end (0.5 -> 1), and None if that is the end itself.
+    """
+    ordered = sorted(values)
+    if len(ordered) < 2:
+        raise ValueError(f"a grid of {len(ordered)} value(s) has no step to continue")
+    end, inner = (ordered[0], ordered[1]) if side == "smallest" else (ordered[-1], ordered[-2])
+    positive = ordered[0] > 0
+    geometric = positive and len(ordered) >= 3 and math.isclose(ordered[1] / ordered[0], ordered[-1] / ordered[-2])
+    out = end * (end / inner) if geometric else end + (end - inner)
+    if positive and out <= 0:
+        out = end / 2
+    if all(isinstance(v, int) for v in ordered):
+        whole = math.ceil(out) if side == "smallest" else math.floor(out)
+        return None if whole == end or (positive and whole <= 0) else whole
+    return round(out, 12)
 
 
 def _unordered(point: dict[str, Any]) -> str:
