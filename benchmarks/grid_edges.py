@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
         list(pool.map(lambda job: run_beyond(*job), runs))
     rows = [judge(folder, edge) for edge in edges]
     write_results(f"grid_edges-{args.study}", {**provenance(), "study": args.study,
-                                               "study_commit": compare["provenance"].get("git_commit"),
+                                               "study_commit": study_commit(compare),
                                                "tuning_seeds": compare["tuning_seeds"], "rows": rows},
                   markdown(args.study, compare, rows))
 
@@ -100,15 +100,19 @@ def judge(folder: Path, edge: dict[str, Any]) -> dict[str, Any]:
             "beyond": edge["beyond"], "beyond_s": beyond_s, "beyond_times": times, "kept_would_move": moves}
 
 
+def study_commit(compare: dict[str, Any]) -> str:
+    return compare["provenance"].get("commit") or "?"
+
+
 def _seconds(value: float | None) -> str:
     return "never" if value is None else f"{value:.2f}"
 
 
 def markdown(study: str, compare: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines = [f"# Past the tuning grid's edge: {study}", "",
-             f"Each row kept an end of its grid in the study (commit {compare['provenance'].get('git_commit', '?')[:10]}"
-             f"). The grid's next value out ran on the same development seeds {compare['tuning_seeds']}, from the "
-             "kept runs' config.toml with that key changed. Medians of time to target (s) over those seeds; "
+             f"Each row kept an end of its grid in the study (commit {study_commit(compare)[:10]}). The grid's "
+             f"next value out ran on the same development seeds {compare['tuning_seeds']}, from the kept runs' "
+             "config.toml with that key changed. Medians of time to target (s) over those seeds; "
              "no evaluation seed ran.", "",
              "| scheme | key | next in | kept | next out | per-seed (next out) | kept value stands? |",
              "|---|---|---|---|---|---|---|"]

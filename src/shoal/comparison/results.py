@@ -89,10 +89,10 @@ def tuning_warnings(rows: list[dict[str, Any]], grids: dict[str, dict[str, list[
     for row in rows:
         for m in edge_margins(row, grids):
             side = "smallest" if m["kept"] < m["next"] else "largest"  # the next value in lies on the grid's side
+            out = "" if m["beyond"] is None else f" (next value out: {m['beyond']})"
             warnings.append(f"tuning: {row['scheme']} kept {m['key']} = {m['kept']}, the {side} value of its "
                             f"grid {grids[row['scheme']][m['key']]}{_margin_words(m)}: its best may lie beyond the "
-                            "grid; widen it" + (f" (next value out: {m['beyond']})" if m["beyond"] is not None else "") +
-                            ", and every other scheme's grid by as many points")
+                            f"grid; widen it{out}, and every other scheme's grid by as many points")
     return warnings
 
 
