@@ -218,6 +218,16 @@ def strip(result: dict[str, Any]) -> dict[str, Any]:
     return {**result, "rows": rows}
 
 
+def _machines(result: dict[str, Any]) -> str:
+    """Which CPUs computed the runs (a study spans sessions, and its machine may change between them); before
+    runs recorded it, the CPU that wrote the results."""
+    counts = result.get("machines") or {}
+    if set(counts) <= {"unrecorded"}:
+        return str(result["provenance"].get("cpu"))
+    return "runs computed on " + ", ".join(f"{cpu} ({n})" for cpu, n in counts.items()) + (
+        "; unrecorded: runs written before summary.json said" if "unrecorded" in counts else "")
+
+
 def markdown(name: str, study: dict[str, Any], result: dict[str, Any]) -> str:
     prov = result["provenance"]
     lines = [
@@ -229,7 +239,7 @@ def markdown(name: str, study: dict[str, Any], result: dict[str, Any]) -> str:
         f"{result['eval_seeds'][0]}..{result['eval_seeds'][-1]} ({len(result['eval_seeds'])}). "
         f"Code {str(prov.get('commit'))[:10]}{' (dirty)' if prov.get('dirty') else ''}; defaults frozen at "
         f"{str(prov.get('defaults_commit'))[:10]}{' (uncommitted changes!)' if prov.get('defaults_dirty') else ''}; "
-        f"{prov.get('cpu')}.", "",
+        f"{_machines(result)}.", "",
         "| scheme | kept point | median time to target (s) | 95% interval | reached | p vs best baseline | "
         "per-seed times (s) |",
         "|---|---|---:|---|---:|---|---|",

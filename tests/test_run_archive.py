@@ -80,7 +80,8 @@ def test_a_file_that_is_not_a_run_archive_is_refused_in_one_line(tmp_path):
 
 
 def test_a_machine_without_git_still_writes_the_summary(tmp_path, monkeypatch):
-    """The code's commit is told where git answers; without git a run still ends with its summary."""
+    """The code's commit is told where git answers; without git a run still ends with its summary, and says
+    which CPU and torch computed it either way."""
     from shoal.config import load_config
     from shoal.runner import train
 
@@ -88,3 +89,8 @@ def test_a_machine_without_git_still_writes_the_summary(tmp_path, monkeypatch):
     summary = train(load_config(None, FAST + ["run.max_time_s=0.5"]), tmp_path / "run")
     assert summary["code"]["commit"] is None and summary["code"]["version"]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["code"] == summary["code"]
+    import torch
+
+    from shoal.runner import cpu_model
+
+    assert summary["machine"] == {"cpu": cpu_model(), "torch": torch.__version__}  # what a rerun must share

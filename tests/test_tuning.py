@@ -345,3 +345,24 @@ def test_rows_carry_the_p_value_against_the_best_baseline():
     assert [r["versus"] for r in rows] == ["asp"] * 3 and rows[1]["p_value"] is None
     assert rows[0]["p_value"] == pytest.approx(mann_whitney([20, 21, 22, 23, 24], [10, 11, 12, 13, 14]))
     assert rows[2]["p_value"] == pytest.approx(mann_whitney([5, 6, 7, 8, None], [10, 11, 12, 13, 14]))
+
+
+def test_compare_counts_its_runs_per_kind_of_cpu(tuned):
+    """Every run, tuning and evaluation alike, says what computed it; compare.json adds them up (13 runs: 2 + 2
+    + 3 grid points on one development seed, and 3 kept points on two evaluation seeds)."""
+    from shoal.runner import cpu_model
+
+    out, data = tuned
+    assert data["machines"] == {cpu_model(): 13}
+    assert all(s["machine"]["cpu"] == cpu_model() for row in data["rows"] for s in row["seeds"])
+    assert not [w for w in data["warnings"] if w.startswith("machines:")]  # one kind: nothing to warn of
+
+
+def test_runs_from_several_kinds_of_cpu_are_counted_and_warned_of():
+    from shoal.comparison.results import machine_warnings, machines
+
+    runs = [{"machine": {"cpu": "AMD EPYC"}}] * 3 + [{"machine": {"cpu": "Intel Xeon"}}] * 5 + [{}] * 2
+    assert machines(runs) == {"Intel Xeon": 5, "AMD EPYC": 3, "unrecorded": 2}
+    warned, = machine_warnings(runs)
+    assert warned.startswith("machines: the runs were computed on 2 kinds of CPU (Intel Xeon: 5; AMD EPYC: 3)")
+    assert machine_warnings(runs[:3] + [{}]) == []  # one recorded kind (the unrecorded ones may be anything)

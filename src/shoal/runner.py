@@ -6,6 +6,7 @@ before the output folder is touched, so a rejected run writes nothing.
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 from collections.abc import Callable, Iterator
@@ -263,6 +264,33 @@ def code_version() -> dict[str, Any]:
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "src"))}
 
 
+@functools.cache
+def cpu_model() -> str:
+    """The processor's model name.
+
+    Training on real gradients is chaotic: last-bit differences between CPU
+    kernels grow into different trajectories, so a sim run repeats exactly
+    only on the same kind of CPU (docs/fair-comparison.md).
+    """
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, str]:
+    """What computed a run: the CPU's model and torch's version, the two things a rerun must share to repeat it
+    bit for bit (a study that spans sessions may run on several machines)."""
+    import torch
+
+    return {"cpu": cpu_model(), "torch": torch.__version__}
+
+
 def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = None,
           resume: Path | None = None, on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run one training and write config.toml, metrics.jsonl and summary.json into ``out``.
@@ -303,6 +331,7 @@ def train(cfg: Config, out: Path, *, overwrite: bool = False, progress: Any = No
     summary.update(recorder.metric_fields(cfg.target()))
     summary["data_path"] = cfg.data_path()
     summary["code"] = code_version()
+    summary["machine"] = machine()
     if setup.streams:
         summary["data_partition"] = setup.partition_summary()
     if setup.compute_s_measured is not None:

@@ -3,10 +3,9 @@ and where the numbers came from (commit, frozen defaults, CPU)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import time
-from pathlib import Path
+from collections import Counter
 from typing import Any
 
 from shoal.comparison.plan import PlannedRun, tuning_entries
@@ -55,7 +54,9 @@ def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], proto
         "target_accuracy": first.run.target_accuracy,
         "max_time_s": first.run.max_time_s,
         "rows": add_significance(add_speedups(rows), {n for n, s in schemes.items() if s.baseline}),
-        "warnings": resolution_warnings(rows, first) + tuning_warnings(rows, grids),
+        "machines": machines(list(summaries) + [s for _, s in tuning]),
+        "warnings": resolution_warnings(rows, first) + tuning_warnings(rows, grids) +
+        machine_warnings(list(summaries) + [s for _, s in tuning]),
     }
 
 
@@ -83,6 +84,23 @@ def resolution_warnings(rows: list[dict[str, Any]], cfg: Config) -> list[str]:
     return warnings
 
 
+def machines(summaries: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of the runs each kind of CPU computed ("unrecorded": runs written before summaries said)."""
+    counts = Counter((s.get("machine") or {}).get("cpu") or "unrecorded" for s in summaries)
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def machine_warnings(summaries: list[dict[str, Any]]) -> list[str]:
+    """A comparison whose runs several kinds of CPU computed: each run repeats exactly only on its own kind."""
+    kinds = {k: n for k, n in machines(summaries).items() if k != "unrecorded"}
+    if len(kinds) < 2:
+        return []
+    listed = "; ".join(f"{k}: {n}" for k, n in kinds.items())
+    return [f"machines: the runs were computed on {len(kinds)} kinds of CPU ({listed}); a run repeats bit for bit "
+            "only on its own kind (summary.json's machine.cpu), and a seed rerun on another is another sample of "
+            "the same distribution"]
+
+
 def tuning_warnings(rows: list[dict[str, Any]], grids: dict[str, dict[str, list[Any]]]) -> list[str]:
     """Schemes that kept the smallest or largest value of a grid: their best may lie beyond it."""
     warnings = []
@@ -104,23 +122,12 @@ def _margin_words(margin: dict[str, Any]) -> str:
     return f" (median time to target on the development seeds {margin['kept_s']:.4g} s; {margin['next']}: {other})"
 
 
-@functools.cache
 def cpu_model() -> str:
-    """The processor's model name.
+    """The processor's model name (``shoal.runner.cpu_model``; imported when asked, as the runner pulls in
+    torch)."""
+    from shoal.runner import cpu_model as model
 
-    Training on real gradients is chaotic: last-bit differences between CPU
-    kernels grow into different trajectories, so a sim run repeats exactly
-    only on the same kind of CPU (docs/fair-comparison.md).
-    """
-    import platform
-
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return model()
 
 
 def provenance() -> dict[str, Any]:

@@ -16,7 +16,7 @@ from shoal.report.tuning import interval, mann_whitney, median_time, speedup_int
 SEED_FIELDS = (
     "seed", "run_dir", "time_to_target_s", "bytes_to_target", "final_accuracy", "best_accuracy", "final_metric",
     "best_metric", "bytes_up", "bytes_down", "bytes_exchange", "peak_push_bytes", "iterations", "elapsed_s", "wall_s",
-    "stop_reason",
+    "stop_reason", "machine",
 )
 MEDIAN_FIELDS = (
     "final_accuracy", "best_accuracy", "final_metric", "best_metric", "bytes_up", "bytes_down", "bytes_exchange",
