@@ -61,6 +61,13 @@ def test_bad_input_raises_config_error_and_writes_nothing(tmp_path):
         shoal.load_model(tmp_path)
 
 
+def test_compare_widens_every_grid_alike(tmp_path):
+    data = shoal.compare(schemes="ssp", overrides=FAST + ["run.max_time_s=0.3"], out=tmp_path / "cmp", tune_seeds=1,
+                         widen=1, progress=False)
+    assert data["widen"] == 1 and data["grids"]["ssp"] == {"sync.ssp.staleness": [0, 1, 3, 8, 13]}
+    assert len(data.row("ssp")["tuning"]) == 5
+
+
 def test_compare_returns_compare_json(tmp_path):
     data = shoal.compare(schemes=["bsp", "localsgd"], overrides=FAST + ["run.max_time_s=0.5"], out=tmp_path / "cmp",
                          progress=False)

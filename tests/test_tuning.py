@@ -201,33 +201,41 @@ def test_an_edge_is_weighed_against_the_next_value_in_on_the_development_seeds()
     assert edge_margins({**row, "tuned": {"h": 8, "lr": 0.1}}, grids) == []
     warned, = tuning_warnings([row], grids)
     assert "[2, 8, 32] (median time to target on the development seeds 18 s; 8: 20 s): its best" in warned
-    assert warned.endswith("widen it (next value out: 128), and every other scheme's grid by as many points")
+    assert "widen it (next value out: 128): --widen 1 (with --resume) adds a value past each end" in warned
 
 
-def test_the_next_value_past_an_edge_continues_the_grids_own_step():
-    """Geometric grids go on by their ratio, others by their end step; integers stay integers, and a positive
-    grid stays positive (a learning rate of 0 or below is no value to try)."""
-    from shoal.report.tuning import beyond_edge
+def test_the_values_past_an_edge_continue_the_grids_own_step():
+    """Geometric grids go on by their ratio, others by their end step; integers stay integers; a value that would
+    cross a limit of its key stops there (or halfway, where the limit itself is not allowed)."""
+    from shoal.config import key_bounds
+    from shoal.report.tuning import beyond_edge, widened_grid
 
-    assert beyond_edge([2, 8, 32], "largest") == 128 and beyond_edge([32, 2, 8], "smallest") == 1
-    assert beyond_edge([0.4, 0.7, 1.0], "largest") == 1.3 and beyond_edge([0.4, 0.7, 1.0], "smallest") == 0.1
-    assert beyond_edge([0.001, 0.01, 0.1], "smallest") == 0.0001 and beyond_edge([1, 3, 9], "largest") == 27
-    assert beyond_edge([0.1, 0.2, 0.3], "smallest") == 0.05  # 0.0 would leave the positive grid: halved
-    assert beyond_edge([1, 2, 3], "smallest") is None  # no whole number between 0 and 1
-    assert beyond_edge([-1.0, 0.0, 1.0], "smallest") == -2.0  # a grid that crosses zero may go on crossing
+    assert beyond_edge([2, 8, 32], "largest", 2) == [128, 512] and beyond_edge([32, 2, 8], "smallest") == [1]
+    assert beyond_edge([0.4, 0.7, 1.0], "largest", 2) == [1.3, 1.6]
+    assert beyond_edge([0.4, 0.7, 1.0], "smallest", 2) == [0.1, 0.05]  # -0.2 would leave the positive grid
+    assert beyond_edge([0.001, 0.01, 0.1], "smallest") == [0.0001] and beyond_edge([1, 3, 9], "largest") == [27]
+    assert beyond_edge([1, 2, 3], "smallest") == []  # no whole number between 0 and 1
+    assert beyond_edge([-1.0, 0.0, 1.0], "smallest") == [-2.0]  # a grid that crosses zero may go on crossing
+    assert key_bounds("sync.gssp.group_threshold") == ((0, False), (1, True))
+    assert key_bounds("sync.ssp.staleness") == ((0, True), None) and key_bounds("no.such.key") == (None, None)
+    threshold = key_bounds("sync.gssp.group_threshold")
+    assert widened_grid([0.85, 0.95, 0.99], 1, threshold) == [0.75, 0.85, 0.95, 0.99, 1.0]
+    assert widened_grid([1, 3, 8], 2, key_bounds("sync.ssp.staleness")) == [0, 1, 3, 8, 13, 18]
+    assert widened_grid([2, 8, 32], 1, key_bounds("sync.localsgd.local_steps")) == [1, 2, 8, 32, 128]
+    assert widened_grid([0.02, 0.2], 1) == [0.02, 0.2] and widened_grid(["a", "b", "c"], 1) == ["a", "b", "c"]
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(1, 10_000), min_size=3, max_size=6, unique=True), st.sampled_from(["smallest", "largest"]))
-def test_the_next_value_out_lies_outside_the_grid_and_keeps_its_type(values, side):
+@given(st.lists(st.integers(1, 10_000), min_size=3, max_size=6, unique=True), st.sampled_from(["smallest", "largest"]),
+       st.integers(1, 4))
+def test_the_values_out_lie_outside_the_grid_in_order_and_keep_its_type(values, side, steps):
     from shoal.report.tuning import beyond_edge
 
-    out = beyond_edge(values, side)
-    if out is None:
-        assert side == "smallest" and min(values) <= 2  # only a small positive end can have no integer past it
-        return
-    assert isinstance(out, int) and out >= 1
-    assert out < min(values) if side == "smallest" else out > max(values)
+    out = beyond_edge(values, side, steps)
+    assert len(out) <= steps and all(isinstance(v, int) and v >= 1 for v in out)
+    walk = [min(values) if side == "smallest" else max(values), *out]
+    assert all((b < a) if side == "smallest" else (b > a) for a, b in zip(walk, walk[1:]))  # ever further out
+    assert len(out) == steps or side == "smallest"  # only the small side of a positive grid can run out
 
 
 def test_compare_warns_when_a_scheme_kept_the_edge_of_its_grid(tuned):
@@ -366,3 +374,30 @@ def test_runs_from_several_kinds_of_cpu_are_counted_and_warned_of():
     warned, = machine_warnings(runs)
     assert warned.startswith("machines: the runs were computed on 2 kinds of CPU (Intel Xeon: 5; AMD EPYC: 3)")
     assert machine_warnings(runs[:3] + [{}]) == []  # one recorded kind (the unrecorded ones may be anything)
+
+
+def test_widen_adds_values_past_every_grids_ends_and_resume_runs_only_the_new_points(tmp_path):
+    """A finished comparison widened with --resume: the grid's old points are read, not run again; only the new
+    ones run, every scheme's grid alike; compare.json and the command that reproduces it say so."""
+    out = tmp_path / "cmp"
+    base = ["compare", *_sets("run.max_time_s=0.5"), "--schemes", "bsp,ssp", "--tune-seeds", "1", "--out", str(out),
+            "-q"]
+    first = CliRunner().invoke(app, base)
+    assert first.exit_code == 0, first.output
+    old = {p: p.stat().st_mtime_ns for p in out.glob("ssp/tune/*/seed-0/summary.json")}
+    assert len(old) == 3
+    widened = CliRunner().invoke(app, base + ["--widen", "1", "--resume"])
+    assert widened.exit_code == 0, widened.output
+    data = json.loads((out / "compare.json").read_text())
+    assert data["widen"] == 1 and "--widen 1" in data["command"]
+    assert data["grids"]["ssp"] == {"sync.ssp.staleness": [0, 1, 3, 8, 13]}  # s >= 0: the small side stops at 0
+    ssp = next(r for r in data["rows"] if r["scheme"] == "ssp")
+    assert [e["point"]["sync.ssp.staleness"] for e in ssp["tuning"]] == [0, 1, 3, 8, 13]
+    assert {p: p.stat().st_mtime_ns for p in old} == old  # read, not run again
+    assert len(list(out.glob("ssp/tune/*/seed-0/summary.json"))) == 5
+
+
+def test_widen_without_tuning_is_refused_in_one_line(tmp_path):
+    result = CliRunner().invoke(app, ["compare", *_sets("run.max_time_s=0.5"), "--schemes", "bsp", "--widen", "1",
+                                      "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "--widen needs --tune-seeds K" in result.output

@@ -137,15 +137,17 @@ def _callbacks(on_eval: Callable[[dict[str, Any]], None] | None,
 def compare(config: str | Path | None = None, *, schemes: Sequence[str] | str, out: str | Path | None = None,
             seeds: int = 1, overrides: Sequence[str] | str = (), tune: Sequence[str] = (), tune_seeds: int = 0,
             own_knobs: bool = True, jobs: int = 1, resume: bool = False, progress: bool = True,
-            overwrite: bool = False) -> Comparison:
+            overwrite: bool = False, widen: int = 0) -> Comparison:
     """Run ``shoal compare`` and return compare.json (its rows, the command that reproduces it) as a
     ``Comparison`` (a dict, with ``.rows``, ``.row(scheme)``, ``.out`` and ``.report``): with ``tune_seeds`` K,
-    every scheme is tuned on K development seeds and judged on ``seeds`` evaluation seeds."""
+    every scheme is tuned on K development seeds and judged on ``seeds`` evaluation seeds (``widen`` N: every
+    numeric grid with N more values past each end, as ``--widen``)."""
     from shoal.comparison import run_comparison
 
     names = schemes if isinstance(schemes, str) else ",".join(schemes)
     folder = Path(out) if out is not None else Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
     result, report = run_comparison(Path(config) if config is not None else None, names, seeds,
                                     override_list(overrides), folder, overwrite, not progress, list(tune),
-                                    tune_seeds=tune_seeds, own_knobs=own_knobs, jobs=jobs, resume=resume)
+                                    tune_seeds=tune_seeds, own_knobs=own_knobs, jobs=jobs, resume=resume,
+                                    widen=widen)
     return Comparison(result, folder, report)

@@ -22,6 +22,9 @@ TUNE_HELP = ("Tune KEY over the values for every scheme, e.g. optimizer.lr=0.01,
              "development seeds.")
 TUNE_SEEDS_HELP = ("Development seeds: every scheme tries every point of its grid (--tune, times its own knobs' grid) "
                    "on run.seed .. run.seed+K-1 and keeps the best; the --seeds evaluation seeds follow them.")
+WIDEN_HELP = ("With --tune-seeds: N more values past each end of every numeric grid of 3+ values (--tune's and each "
+              "scheme's own), continuing its step (2,8,32 -> 1..128); every scheme alike. With --resume on a "
+              "finished comparison only the new points run (and the evaluation seeds of a row whose choice moves).")
 
 
 @user_errors_exit_2
@@ -35,6 +38,7 @@ def compare(
     own_knobs: bool = typer.Option(True, "--own-knobs/--no-own-knobs",
                                    help="With --tune-seeds: also tune each scheme's own knobs (SSP's s, localsgd's H, "
                                         "diloco's outer lr, GSSP's grouping threshold), 3 points each."),
+    widen: int = typer.Option(0, "--widen", metavar="N", help=WIDEN_HELP),
     backend: Optional[str] = typer.Option(None, "--backend", metavar="sim|ray",
                                           help="sim or ray (overrides backend.name)."),
     set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
@@ -55,8 +59,9 @@ def compare(
     try:
         result, report = run_comparison(config, schemes, seeds, overrides, out, overwrite, quiet, tune,
                                         command=command_line(config, schemes, seeds, set_, backend, out, tune,
-                                                             tune_seeds, own_knobs),
-                                        tune_seeds=tune_seeds, own_knobs=own_knobs, jobs=jobs, resume=resume)
+                                                             tune_seeds, own_knobs, widen),
+                                        tune_seeds=tune_seeds, own_knobs=own_knobs, jobs=jobs, resume=resume,
+                                        widen=widen)
     except Interrupted as stop:
         cut = ", ".join(stop.plan[i].run_dir for i in stop.cut) or "none in flight"
         how = f"stopped as {out}/{STOP_FILE} asked, after the runs in flight" if stop.drained else "interrupted"

@@ -31,10 +31,11 @@ __all__ = ["Interrupted", "PlannedRun", "Protocol", "RUN_FILES", "STOP_FILE", "b
 
 def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: list[str], out: Path, overwrite: bool,
                    quiet: bool, tune: list[str], command: str | None = None, tune_seeds: int = 0,
-                   own_knobs: bool = True, jobs: int = 1, resume: bool = False) -> tuple[dict[str, Any], Path]:
+                   own_knobs: bool = True, jobs: int = 1, resume: bool = False,
+                   widen: int = 0) -> tuple[dict[str, Any], Path]:
     """Validate everything, tune on the development seeds, run the evaluation seeds, write compare.json and
     report.html."""
-    protocol = Protocol(seeds, tune_seeds, parse_tune(tune), own_knobs)
+    protocol = Protocol(seeds, tune_seeds, parse_tune(tune), own_knobs, widen)
     parsed = parse_schemes(schemes)
     base_seed = load_config(config, overrides).run.seed
     plan = plan_runs(config, parsed, protocol, overrides, base_seed)
@@ -47,7 +48,8 @@ def run_comparison(config: Path | None, schemes: str, seeds: int, overrides: lis
 
     make_out_dir(out)
     (out / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier comparison in this folder is spent
-    command = command or command_line(config, schemes, seeds, overrides, None, out, tune, tune_seeds, own_knobs)
+    command = command or command_line(config, schemes, seeds, overrides, None, out, tune, tune_seeds, own_knobs,
+                                      widen)
     total = len(plan) + (len(eval_dirs) if protocol.tune_seeds else 0)
     tuning: list[tuple[PlannedRun, dict[str, Any]]] = []
     try:

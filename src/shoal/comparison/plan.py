@@ -137,11 +137,12 @@ def check_backends(plan: list[PlannedRun]) -> None:
 
 
 def command_line(config: Path | None, schemes: str, seeds: int, sets: list[str], backend: str | None, out: Path,
-                 tune: list[str] = (), tune_seeds: int = 0, own_knobs: bool = True) -> str:
+                 tune: list[str] = (), tune_seeds: int = 0, own_knobs: bool = True, widen: int = 0) -> str:
     """The command line that reproduces this comparison (shown in the report)."""
     args = ["shoal", "compare"] + (["--config", str(config)] if config else []) + ["--schemes", schemes]
     args += (["--seeds", str(seeds)] if seeds > 1 else []) + (["--backend", backend] if backend else [])
     args += (["--tune-seeds", str(tune_seeds)] if tune_seeds else []) + ([] if own_knobs else ["--no-own-knobs"])
+    args += ["--widen", str(widen)] if widen else []
     for t in tune:
         args += ["--tune", t]
     for s in sets:

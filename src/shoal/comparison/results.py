@@ -45,6 +45,7 @@ def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], proto
         "seeds": protocol.seeds,
         "tune": protocol.grid,
         "tune_seeds": protocol.tune_seeds,
+        "widen": protocol.widen,
         "tuning_seeds": protocol.tuning_seeds(base_seed),
         "eval_seeds": protocol.eval_seeds(base_seed),
         "grids": grids,
@@ -110,7 +111,8 @@ def tuning_warnings(rows: list[dict[str, Any]], grids: dict[str, dict[str, list[
             out = "" if m["beyond"] is None else f" (next value out: {m['beyond']})"
             warnings.append(f"tuning: {row['scheme']} kept {m['key']} = {m['kept']}, the {side} value of its "
                             f"grid {grids[row['scheme']][m['key']]}{_margin_words(m)}: its best may lie beyond the "
-                            f"grid; widen it{out}, and every other scheme's grid by as many points")
+                            f"grid; widen it{out}: --widen 1 (with --resume) adds a value past each end of every "
+                            "scheme's grid alike")
     return warnings
 
 

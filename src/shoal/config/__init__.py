@@ -10,8 +10,8 @@ rules across sections, files.py reading, overrides and writing.
 """
 
 from shoal.config.base import Section
-from shoal.config.files import (apply_overrides, build_config, load_config, override_keys, parse_override,
-                                to_toml, toml_value)
+from shoal.config.files import (apply_overrides, build_config, key_bounds, load_config, override_keys,
+                                parse_override, to_toml, toml_value)
 from shoal.config.schema import Config
 from shoal.config.sections import (BackendConfig, ClusterConfig, CompressionConfig, DataConfig, GDTopKConfig,
                                    MembershipChange, ModelConfig, NetworkConfig, OptimizerConfig, RunConfig,
@@ -26,5 +26,5 @@ __all__ = [
     "DiLoCoOptions", "GDTopKConfig", "GSSPOptions", "KBatchOptions", "LocalSGDOptions", "MembershipChange",
     "ModelConfig", "NetworkConfig", "OptimizerConfig", "RunConfig", "SSPOptions", "Section", "SimilarityConfig",
     "SpeedChange", "StragglerConfig", "StreamingDiLoCoOptions", "SyncConfig", "TaskConfig", "apply_overrides",
-    "build_config", "fragment_offsets", "load_config", "max_overlap", "override_keys", "parse_override", "to_toml", "toml_value", "turn_spacing",
+    "build_config", "fragment_offsets", "key_bounds", "load_config", "max_overlap", "override_keys", "parse_override", "to_toml", "toml_value", "turn_spacing",
 ]

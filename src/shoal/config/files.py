@@ -82,6 +82,28 @@ def _section_model(path: list[str]) -> Any:
     return model
 
 
+Bound = tuple[float, bool]  # a limit of a numeric key, and whether the limit itself is allowed
+
+
+def key_bounds(key: str) -> tuple[Bound | None, Bound | None]:
+    """The range a numeric config key allows, from its field's constraints: ``sync.gssp.group_threshold`` ->
+    ``((0, False), (1, True))`` (above 0, at most 1); None for a side without a limit (or an unknown key)."""
+    path = key.split(".")
+    model = _section_model(path[:-1])
+    field = model.model_fields.get(path[-1]) if model is not None else None
+    low = high = None
+    for rule in field.metadata if field is not None else []:
+        if getattr(rule, "gt", None) is not None:
+            low = (rule.gt, False)
+        elif getattr(rule, "ge", None) is not None:
+            low = (rule.ge, True)
+        elif getattr(rule, "lt", None) is not None:
+            high = (rule.lt, False)
+        elif getattr(rule, "le", None) is not None:
+            high = (rule.le, True)
+    return low, high
+
+
 def _is_tag(part: str) -> bool:
     return part in {"int", "float", "str", "bool"} or part.startswith(("literal[", "list[", "function-"))
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from shoal.config import parse_override
+from shoal.config import key_bounds, parse_override
+from shoal.config.files import Bound
 from shoal.errors import ConfigError
 
 BOOTSTRAP_FROM = 5  # seeds needed before a bootstrap interval means anything
@@ -93,33 +94,55 @@ def edge_margins(row: dict[str, Any], grids: dict[str, dict[str, list[Any]]]) ->
         neighbour = values[1] if side == "smallest" else values[-2]
         margins.append({"key": key, "kept": value, "kept_s": by_point.get(_unordered(kept)), "next": neighbour,
                         "next_s": by_point.get(_unordered({**kept, key: neighbour})),
-                        "beyond": beyond_edge(values, side)})
+                        "beyond": next(iter(beyond_edge(values, side, bounds=key_bounds(key))), None)})
     return margins
 
 
-def beyond_edge(values: Sequence[int | float], side: str) -> int | float | None:
-    """The grid's next value past its ``"smallest"`` or ``"largest"`` end, continuing the grid's own step there
-    (None where no such value exists).
+def beyond_edge(values: Sequence[int | float], side: str, steps: int = 1,
+                bounds: tuple[Bound | None, Bound | None] = (None, None)) -> list[int | float]:
+    """The first ``steps`` values past the grid's ``"smallest"`` or ``"largest"`` end, continuing its own step.
 
-    A grid of positive values with one ratio between its ends' steps (2, 8, 32) is continued by that ratio
-    (128, or 0.5 on the small side); any other by the step between its two values nearest the end (0.4, 0.7,
-    1.0 -> 1.3 or 0.1). Where that step would cross zero from a positive grid, the end is halved instead, so a
-    learning rate stays positive. A grid of integers stays integer: the continued value is rounded toward the
-    end (0.5 -> 1), and None if that is the end itself.
+    A grid of positive values with one ratio between its ends' steps (2, 8, 32) goes on by that ratio (128,
+    512; 0.5 on the small side); any other grid by the step between its two values nearest the end (0.4, 0.7,
+    1.0 -> 1.3 or 0.1). A value that would cross a limit of the key (``bounds``, from its config field: a
+    learning rate above 0, a threshold at most 1; a positive grid stays positive) stops at the limit where the
+    limit is allowed, else halfway to it. A grid of integers stays integer, rounded toward the grid; the list
+    ends early where no new value exists.
     """
     ordered = sorted(values)
     if len(ordered) < 2:
         raise ValueError(f"a grid of {len(ordered)} value(s) has no step to continue")
     end, inner = (ordered[0], ordered[1]) if side == "smallest" else (ordered[-1], ordered[-2])
-    positive = ordered[0] > 0
-    geometric = positive and len(ordered) >= 3 and math.isclose(ordered[1] / ordered[0], ordered[-1] / ordered[-2])
-    out = end * (end / inner) if geometric else end + (end - inner)
-    if positive and out <= 0:
-        out = end / 2
-    if all(isinstance(v, int) for v in ordered):
-        whole = math.ceil(out) if side == "smallest" else math.floor(out)
-        return None if whole == end or (positive and whole <= 0) else whole
-    return round(out, 12)
+    low, high = bounds
+    if low is None and ordered[0] > 0:
+        low = (0, False)
+    ratios = (ordered[1] / ordered[0], ordered[-1] / ordered[-2]) if ordered[0] > 0 else (0, 1)
+    geometric = len(ordered) >= 3 and math.isclose(*ratios)
+    integer = all(isinstance(v, int) for v in ordered)
+    out: list[int | float] = []
+    x: int | float = end
+    for _ in range(steps):
+        step = x * (end / inner) if geometric else x + (end - inner)
+        for limit, below in ((low, True), (high, False)):
+            if limit is not None and (step <= limit[0] if below else step >= limit[0]):
+                step = limit[0] if limit[1] else (x + limit[0]) / 2
+        step = (math.ceil(step) if side == "smallest" else math.floor(step)) if integer else round(float(step), 12)
+        if step == x:
+            break
+        out.append(step)
+        x = step
+    return out
+
+
+def widened_grid(values: Sequence[Any], steps: int, bounds: tuple[Bound | None, Bound | None] = (None, None)
+                 ) -> list[Any]:
+    """A grid with ``steps`` more values past each end (``beyond_edge``), smallest first; a grid of fewer than
+    three numbers (no step to trust, or no order) comes back as it was."""
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if steps < 1 or len(set(numbers)) < 3 or len(numbers) != len(values):
+        return list(values)
+    below = beyond_edge(numbers, "smallest", steps, bounds)
+    return [*reversed(below), *sorted(numbers), *beyond_edge(numbers, "largest", steps, bounds)]
 
 
 def _unordered(point: dict[str, Any]) -> str:
