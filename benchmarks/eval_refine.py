@@ -89,7 +89,7 @@ def summarize(rows: list[dict[str, Any]], every: int, refine: int) -> dict[str, 
 
 def markdown(record: dict[str, Any]) -> str:
     every, refine = record["every"], record["refine"]
-    prov = record["provenance"]
+    prov = record  # the provenance keys sit at the top level, as in every other results file
     lines = [f"# Times to target refined (run.eval_refine = {refine}) against evaluating {refine} times as often", "",
              f"`{prov['command']}`", "",
              f"{record['config']}; per seed four runs side by side that train alike and differ in when they look: "
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.every % args.refine:
         parser.error("--every must be a multiple of --refine (the fine run evaluates every every/refine)")
-    record = {"provenance": provenance(), **measure(args.schemes.split(","), args.seeds, args.every, args.refine)}
+    record = {**provenance(), **measure(args.schemes.split(","), args.seeds, args.every, args.refine)}
     write_results("eval_refine", record, markdown(record))
 
 
