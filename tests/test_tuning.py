@@ -395,6 +395,7 @@ def test_widen_adds_values_past_every_grids_ends_and_resume_runs_only_the_new_po
     assert [e["point"]["sync.ssp.staleness"] for e in ssp["tuning"]] == [0, 1, 3, 8, 13]
     assert {p: p.stat().st_mtime_ns for p in old} == old  # read, not run again
     assert len(list(out.glob("ssp/tune/*/seed-0/summary.json"))) == 5
+    assert "widened by 1 value past each end, every scheme alike (--widen)" in (out / "report.html").read_text()
 
 
 def test_widen_without_tuning_is_refused_in_one_line(tmp_path):

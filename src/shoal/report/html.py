@@ -312,7 +312,8 @@ def _tuning_section(compare: dict[str, Any], rows: list[dict[str, Any]]) -> Sect
              for row in rows]
     grid = ", ".join(f"{k} in {v}" for k, v in (compare.get("tune") or {}).items()) or "no shared grid"
     return {"anchor": "tuning", "columns": max((len(r["cells"]) for r in table), default=0), "rows": table,
-            "grid": grid, "seeds": ", ".join(map(str, compare.get("tuning_seeds") or []))}
+            "grid": grid, "seeds": ", ".join(map(str, compare.get("tuning_seeds") or [])),
+            "widen": compare.get("widen") or 0}
 
 
 def _tuning_cell(entry: dict[str, Any] | None, row: dict[str, Any], metric: str = "accuracy") -> dict[str, Any] | None:
