@@ -222,8 +222,11 @@ def _machines(result: dict[str, Any]) -> str:
     """Which CPUs computed the runs (a study spans sessions, and its machine may change between them); before
     runs recorded it, the CPU that wrote the results."""
     counts = result.get("machines") or {}
-    if set(counts) <= {"unrecorded"}:
+    if not counts:
         return str(result["provenance"].get("cpu"))
+    if set(counts) == {"unrecorded"}:
+        return (f"written on {result['provenance'].get('cpu')}; the runs' CPU is not recorded (they predate "
+                "summary.json's machine)")
     return "runs computed on " + ", ".join(f"{cpu} ({n})" for cpu, n in counts.items()) + (
         "; unrecorded: runs written before summary.json said" if "unrecorded" in counts else "")
 

@@ -122,6 +122,7 @@ def answers_of(result: dict[str, Any], out: Path) -> dict[str, Any]:
     best_low = min(low, key=lambda s: (rows[s]["time_to_target_s"] is None, rows[s]["time_to_target_s"] or 0.0))
     answers["sim_vs_best_low_comm"] = {**pairwise(result, "bsp+sim", best_low),
                                        "bytes": bytes_ratio(rows["bsp+sim"], rows[best_low])}
+    answers["sim_at_matched_bytes"] = at_matched_bytes(out, rows["bsp+sim"], rows[best_low])
     answers["sim_vs_bsp"] = {**pairwise(result, "bsp+sim", "bsp"), "bytes": bytes_ratio(rows["bsp+sim"], rows["bsp"])}
     answers["pareto_front"] = front_of(result)
     if FP4 in rows:
@@ -197,15 +198,51 @@ def quality_at_target(out: Path, mine: dict[str, Any], base: dict[str, Any], tar
     return {**_median_of(vs_target), "vs_base": _median_of(vs_base)}
 
 
-def _metric_at(run_dir: Path, t: float) -> float | None:
-    """A run's metric at its last evaluation at or before virtual time ``t`` (None: no evaluation by then, or no
-    event log)."""
+def at_matched_bytes(out: Path, mine: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """Per seed, once ``base`` had moved the bytes it needed to reach the target: each scheme's metric at its last
+    evaluation within that many bytes (the budget of the seed's ``base`` run), their medians with intervals, and
+    the Mann-Whitney p of the two sets of per-seed values. This compares the two at matched bytes rather than each
+    at its own bytes to target."""
+    from shoal.report.tuning import mann_whitney
+
+    budgets, values = [], {"mine": [], "base": []}
+    for m, b in zip(mine["seeds"], base["seeds"]):
+        budget = b.get("bytes_to_target")
+        if budget is None:
+            continue
+        pair = _metric_at(out / m["run_dir"], budget, "bytes"), _metric_at(out / b["run_dir"], budget, "bytes")
+        if None in pair:
+            continue
+        budgets.append(budget)
+        values["mine"].append(pair[0])
+        values["base"].append(pair[1])
+    spacing = [_eval_spacing(out / m["run_dir"]) for m in mine["seeds"]]
+    return {"mine": mine["scheme"], "base": base["scheme"],
+            "budget_bytes": statistics.median(budgets) if budgets else None,
+            "mine_eval_every_bytes": statistics.median([b for b in spacing if b is not None] or [0]) or None,
+            "values": {k: _median_of(v) for k, v in values.items()},
+            "p_value": mann_whitney(values["mine"], values["base"])}
+
+
+def _eval_spacing(run_dir: Path) -> float | None:
+    """The median bytes a run moved between two evaluations: how finely its metric is known against bytes."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    moved = sorted({e["bytes"] for e in map(json.loads, (x for x in lines if '"eval"' in x)) if e["event"] == "eval"})
+    return statistics.median(b - a for a, b in zip(moved, moved[1:])) if len(moved) > 1 else None
+
+
+def _metric_at(run_dir: Path, limit: float, by: str = "t") -> float | None:
+    """A run's metric at its last evaluation with ``by`` (``t``: virtual time; ``bytes``: bytes moved so far) at
+    most ``limit`` (None: no evaluation by then, or no event log)."""
     try:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     except OSError:
         return None
     events = (json.loads(line) for line in lines if '"eval"' in line)
-    evals = [e for e in events if e["event"] == "eval" and e["t"] <= t]
+    evals = [e for e in events if e["event"] == "eval" and e.get(by, 0) <= limit]
     return None if not evals else evals[-1].get("value", evals[-1].get("accuracy"))
 
 
@@ -247,6 +284,8 @@ def answer_lines(answers: dict[str, Any]) -> list[str]:
         extra = f"; bytes: {_fewer(a['bytes'])}" if "bytes" in a else ""
         lines += ["", f"**{title}** ({a['mine']} vs {a['base']}): speed-up of medians {_x(sp)}{interval}, "
                       f"Mann-Whitney p = {'-' if p is None else f'{p:.3g}'}{extra}."]
+    if "sim_at_matched_bytes" in answers:
+        lines += ["", matched_bytes_line(answers["sim_at_matched_bytes"])]
     if "pareto_front" in answers:
         lines += ["", "**Pareto front** (medians: no other scheme reaches the target both sooner and with fewer "
                       "bytes; every seed in `-pareto.png` beside the results file): "
@@ -266,6 +305,23 @@ def answer_lines(answers: dict[str, Any]) -> list[str]:
         lines += ["", f"**fp4 at the target**: when float32 Streaming DiLoCo reached the target, fp4's metric was "
                       f"{against_float32}{_change(quality)} from the target (medians over seeds)."]
     return lines
+
+
+def matched_bytes_line(matched: dict[str, Any]) -> str:
+    """``at_matched_bytes``' answer in words."""
+    def said(v: dict[str, Any]) -> str:
+        ci = v.get("ci95")
+        interval = f" (95% interval {ci[0]:.4g}..{ci[1]:.4g})" if ci and None not in ci else ""
+        return "-" if v["median"] is None else f"{v['median']:.4g}{interval}"
+
+    p = matched["p_value"]
+    return (f"**SIM at matched bytes** ({matched['mine']} vs {matched['base']}): once {matched['base']} had moved "
+            f"the bytes it needed to reach the target (median {_bytes(matched['budget_bytes'])} per seed), the "
+            f"metric at each run's last evaluation within that budget was {said(matched['values']['mine'])} for "
+            f"{matched['mine']} against {said(matched['values']['base'])} for {matched['base']} (medians over "
+            f"seeds); Mann-Whitney p = {'-' if p is None else f'{p:.3g}'}. {matched['mine']} was evaluated every "
+            f"{_bytes(matched['mine_eval_every_bytes'])} of its traffic, so its value is that of its last evaluation "
+            "by then, not of the exact budget.")
 
 
 def _measured(value: Any) -> str:

@@ -332,6 +332,30 @@ def test_the_low_communication_answers_and_report_are_written_for_every_row_the_
            "23.3 s, p = " in text
 
 
+def test_sim_is_weighed_against_the_best_low_communication_scheme_at_matched_bytes(tmp_path):
+    """Per seed, at the bytes the other scheme needed to reach the target: each run's last evaluation within
+    that budget, not each at its own bytes to target; how finely SIM's curve is known in bytes is said too."""
+    curves = {"sim": [(0, 8.0), (100, 5.0), (200, 3.0)], "low": [(0, 8.0), (150, 2.9), (400, 2.5)]}
+    rows = {}
+    for name, curve in curves.items():
+        rows[name] = {"scheme": name, "seeds": [{"run_dir": f"{name}/seed-{k}", "bytes_to_target": 150 + k}
+                                                for k in range(3)]}
+        for seed in rows[name]["seeds"]:
+            (tmp_path / seed["run_dir"]).mkdir(parents=True)
+            (tmp_path / seed["run_dir"] / "metrics.jsonl").write_text("".join(
+                json.dumps({"event": "eval", "t": 0.1 * b, "bytes": b, "value": v}) + "\n" for b, v in curve))
+    matched = lowcomm.at_matched_bytes(tmp_path, rows["sim"], rows["low"])
+    assert matched["budget_bytes"] == 151 and matched["mine_eval_every_bytes"] == 100
+    assert matched["values"]["mine"]["per_seed"] == [5.0] * 3 and matched["values"]["base"]["per_seed"] == [2.9] * 3
+    assert matched["p_value"] < 0.1
+    line = lowcomm.matched_bytes_line(matched)
+    assert line.startswith("**SIM at matched bytes** (sim vs low): once low had moved the bytes it needed to reach "
+                           "the target (median 0.2 KB per seed), the metric at each run's last evaluation within "
+                           "that budget was 5 for sim against 2.9 for low")  # 3 seeds: too few for an interval
+    assert line.endswith("sim was evaluated every 0.1 KB of its traffic, so its value is that of its last "
+                         "evaluation by then, not of the exact budget.")
+
+
 def test_the_image_studys_subset_of_schemes_gets_its_answers_too(tmp_path):
     """shapes-1g runs seven schemes: the answers that need the others are left out, not failed."""
     result = json.loads((check_results.RESULTS / "lowcomm-lm-1g.json").read_text())["compare"]
