@@ -231,6 +231,16 @@ def _machines(result: dict[str, Any]) -> str:
         "; unrecorded: runs written before summary.json said" if "unrecorded" in counts else "")
 
 
+def _commits(result: dict[str, Any]) -> str:
+    """Which commits of shoal made the runs (a study resumed across sessions reuses a run whose config is the same
+    by value, whatever code made it)."""
+    counts = {k: n for k, n in (result.get("commits") or {}).items()}
+    if len(counts) < 2:
+        return ""
+    listed = ", ".join(f"{commit} ({n})" for commit, n in counts.items())
+    return f" Its runs come from {len(counts)} commits: {listed}."
+
+
 def markdown(name: str, study: dict[str, Any], result: dict[str, Any]) -> str:
     prov = result["provenance"]
     lines = [
@@ -242,7 +252,7 @@ def markdown(name: str, study: dict[str, Any], result: dict[str, Any]) -> str:
         f"{result['eval_seeds'][0]}..{result['eval_seeds'][-1]} ({len(result['eval_seeds'])}). "
         f"Code {str(prov.get('commit'))[:10]}{' (dirty)' if prov.get('dirty') else ''}; defaults frozen at "
         f"{str(prov.get('defaults_commit'))[:10]}{' (uncommitted changes!)' if prov.get('defaults_dirty') else ''}; "
-        f"{_machines(result)}.", "",
+        f"{_machines(result)}.{_commits(result)}", "",
         "| scheme | kept point | median time to target (s) | 95% interval | reached | p vs best baseline | "
         "per-seed times (s) |",
         "|---|---|---:|---|---:|---|---|",

@@ -362,6 +362,7 @@ def test_compare_counts_its_runs_per_kind_of_cpu(tuned):
 
     out, data = tuned
     assert data["machines"] == {cpu_model(): 13}
+    assert sum(data["commits"].values()) == 13 and len(data["commits"]) == 1  # one checkout made them all
     assert all(s["machine"]["cpu"] == cpu_model() for row in data["rows"] for s in row["seeds"])
     assert not [w for w in data["warnings"] if w.startswith("machines:")]  # one kind: nothing to warn of
 
@@ -374,6 +375,11 @@ def test_runs_from_several_kinds_of_cpu_are_counted_and_warned_of():
     warned, = machine_warnings(runs)
     assert warned.startswith("machines: the runs were computed on 2 kinds of CPU (Intel Xeon: 5; AMD EPYC: 3)")
     assert machine_warnings(runs[:3] + [{}]) == []  # one recorded kind (the unrecorded ones may be anything)
+    from shoal.comparison.results import commits
+
+    codes = [{"code": {"commit": "a" * 40, "dirty": False}}] * 2 + [{"code": {"commit": "b" * 40, "dirty": True}},
+                                                                    {"code": {"version": "0.1.0"}}, {}]
+    assert commits(codes) == {"aaaaaaaaaa": 2, "unrecorded": 2, "bbbbbbbbbb+dirty": 1}
 
 
 def test_widen_adds_values_past_every_grids_ends_and_resume_runs_only_the_new_points(tmp_path):

@@ -56,6 +56,7 @@ def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], proto
         "max_time_s": first.run.max_time_s,
         "rows": add_significance(add_speedups(rows), {n for n, s in schemes.items() if s.baseline}),
         "machines": machines(list(summaries) + [s for _, s in tuning]),
+        "commits": commits(list(summaries) + [s for _, s in tuning]),
         "warnings": resolution_warnings(rows, first) + tuning_warnings(rows, grids) +
         machine_warnings(list(summaries) + [s for _, s in tuning]),
     }
@@ -87,7 +88,21 @@ def resolution_warnings(rows: list[dict[str, Any]], cfg: Config) -> list[str]:
 
 def machines(summaries: list[dict[str, Any]]) -> dict[str, int]:
     """How many of the runs each kind of CPU computed ("unrecorded": runs written before summaries said)."""
-    counts = Counter((s.get("machine") or {}).get("cpu") or "unrecorded" for s in summaries)
+    return _most_first(Counter((s.get("machine") or {}).get("cpu") or "unrecorded" for s in summaries))
+
+
+def commits(summaries: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of the runs each commit of shoal made (its first 10 hex digits, "+dirty" where src/ had
+    uncommitted changes; "unrecorded" outside a git checkout or before summaries said). A comparison resumed over
+    weeks reuses a run only when its config is the same by value, not its code: this says which code ran."""
+    def label(code: dict[str, Any]) -> str:
+        commit = code.get("commit")
+        return "unrecorded" if not commit else commit[:10] + ("+dirty" if code.get("dirty") else "")
+
+    return _most_first(Counter(label(s.get("code") or {}) for s in summaries))
+
+
+def _most_first(counts: Counter[str]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
