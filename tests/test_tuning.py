@@ -408,3 +408,17 @@ def test_widen_without_tuning_is_refused_in_one_line(tmp_path):
     result = CliRunner().invoke(app, ["compare", *_sets("run.max_time_s=0.5"), "--schemes", "bsp", "--widen", "1",
                                       "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and "--widen needs --tune-seeds K" in result.output
+
+
+def test_the_report_says_when_several_cpus_or_commits_made_the_runs(tuned, tmp_path):
+    import shutil
+
+    out, data = tuned
+    copy = tmp_path / "cmp"
+    shutil.copytree(out, copy)
+    data = {**data, "machines": {"Intel Xeon": 9, "AMD EPYC": 4}, "commits": {"aaaaaaaaaa": 13}}
+    (copy / "compare.json").write_text(json.dumps(data))
+    assert CliRunner().invoke(app, ["report", str(copy)]).exit_code == 0
+    page = (copy / "report.html").read_text()
+    assert "computed on several kinds of CPU: Intel Xeon (9), AMD EPYC (4)" in page
+    assert "several commits of shoal" not in page  # one commit: nothing to say

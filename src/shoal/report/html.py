@@ -455,5 +455,8 @@ def _routing_section(out: Path, runs: list[RunData]) -> Section | None:
 def _footer(compare: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     p = compare.get("provenance") or {}
     keys = ("shoal", "host", "platform", "cpu", "python", "torch", "created")
+    spread = {name: compare.get(name) or {} for name in ("machines", "commits")}
     return {"command": compare.get("command", ""), "run_dirs": [r["run_dir"] for r in rows],
-            "provenance": {k: str(p.get(k, "?")) for k in keys} if p else None}
+            "provenance": {k: str(p.get(k, "?")) for k in keys} if p else None,
+            "spread": {name: ", ".join(f"{k} ({n})" for k, n in counts.items())
+                       for name, counts in spread.items() if len(counts) > 1}}
