@@ -13,7 +13,9 @@ target beside the kept value's.
 No evaluation seed runs here.
 
 Usage: .venv/bin/python benchmarks/grid_edges.py STUDY [--schemes a,b] [--jobs 1]
-  STUDY: a finished study's folder in runs/evidence (its compare.json), e.g. lowcomm-lm-1g
+       .venv/bin/python benchmarks/grid_edges.py --list    # how far each study folder's check is
+  STUDY: a finished study's folder in runs/evidence (its compare.json), e.g. lowcomm-lm-1g. A run that has
+  finished is read, not run again (``--resume`` is accepted for benchmarks/studies.sh, and changes nothing).
 Runs: runs/evidence/STUDY/SCHEME/edge/KEY=VALUE/seed-K (a run with a summary.json is read, not rerun).
 Results: benchmarks/results/grid_edges-STUDY.{json,md}.
 """
@@ -37,10 +39,15 @@ RUNS = ROOT / "runs" / "evidence"
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("study", help="a finished study's folder in runs/evidence, e.g. lowcomm-lm-1g")
+    parser.add_argument("study", nargs="?", help="a finished study's folder in runs/evidence, e.g. lowcomm-lm-1g")
     parser.add_argument("--schemes", default="", help="only these rows (comma-separated; default: every edge)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    parser.add_argument("--resume", action="store_true", help="(always: a finished run is read)")
+    parser.add_argument("--list", action="store_true", help="how far each study folder's check is")
     args = parser.parse_args(argv)
+    if args.list or not args.study:
+        list_progress()
+        return
     folder = RUNS / args.study
     if not (folder / "compare.json").is_file():
         sys.exit(f"grid_edges: {folder}/compare.json not found: the study has not finished (or is misnamed)")
@@ -55,6 +62,18 @@ def main(argv: list[str]) -> None:
                                                "study_commit": study_commit(compare),
                                                "tuning_seeds": compare["tuning_seeds"], "rows": rows},
                   markdown(args.study, compare, rows))
+
+
+def list_progress() -> None:
+    """One line per study folder: how many of its edge runs have finished (benchmarks/studies.sh --status)."""
+    for folder in sorted(p for p in RUNS.iterdir() if p.is_dir()) if RUNS.is_dir() else []:
+        if not (folder / "compare.json").is_file():
+            print(f"{folder.name}: past the grid's edges once the study has finished (no compare.json yet)")
+            continue
+        edges = study_edges(json.loads((folder / "compare.json").read_text()))
+        runs = [beyond_dir(folder, e, run) for e in edges for run in e["kept_runs"]]
+        done = sum((run / "summary.json").is_file() for run in runs)
+        print(f"{folder.name}: past the grid's edges: {done} of {len(runs)} runs done in runs/evidence/{folder.name}")
 
 
 def study_edges(compare: dict[str, Any]) -> list[dict[str, Any]]:

@@ -23,7 +23,9 @@ import lowcomm  # noqa: E402
 import sim_signal  # noqa: E402
 
 SCRIPTS = {"evidence.py": evidence.STUDIES, "balance.py": balance.STUDIES, "lowcomm.py": lowcomm.STUDIES}
-QUEUEABLE = {**SCRIPTS, "sim_signal.py": sim_signal.WORKLOADS}  # the comparisons and the signal measurement
+FOLDERS = {spec["folder"]: (script, name) for script, studies in SCRIPTS.items() for name, spec in studies.items()}
+#: the comparisons, the signal measurement, and the check past the grid's edges of a comparison's folder
+QUEUEABLE = {**SCRIPTS, "sim_signal.py": sim_signal.WORKLOADS, "grid_edges.py": FOLDERS}
 
 
 def queued() -> list[tuple[str, str]]:
@@ -35,6 +37,14 @@ def queued() -> list[tuple[str, str]]:
 def test_every_queued_study_exists():
     for script, study in queued():
         assert study in QUEUEABLE[script], f"benchmarks/studies.sh queues {script} {study}, which does not exist"
+
+
+def test_a_grid_edge_check_is_queued_after_a_study_that_fills_its_folder():
+    order = queued()
+    for i, (script, folder) in enumerate(order):
+        if script == "grid_edges.py":
+            fillers = [k for k, (s, name) in enumerate(order) if FOLDERS.get(folder) == (s, name)]
+            assert fillers and fillers[0] < i, f"grid_edges.py {folder} runs before its study has finished"
 
 
 @pytest.mark.parametrize("script, study", [(s, n) for s, studies in SCRIPTS.items() for n in studies])
