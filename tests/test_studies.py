@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import pathlib
 import re
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import check_results  # noqa: E402
 import evidence  # noqa: E402
 import headline  # noqa: E402
 import lowcomm  # noqa: E402
+import replay  # noqa: E402
 import sim_signal  # noqa: E402
 
 SCRIPTS = {"evidence.py": evidence.STUDIES, "balance.py": balance.STUDIES, "lowcomm.py": lowcomm.STUDIES}
@@ -517,3 +519,30 @@ def test_the_tiered_studys_target_is_judged_on_speed_up_p_and_final_quality():
     row["final_metric"] = row["final_metric"] / 1.01 / 1.02  # 2% better (lower bits per byte): within
     assert balance.answers_of(worse, tiered=True)["issue_target"]["met"]
     assert "issue_target" not in balance.answers_of(result)
+
+
+def test_a_replayed_run_is_compared_evaluation_for_evaluation(tmp_path, monkeypatch):
+    """The same evaluations and summary: identical; one value's last bit changed: the first evaluation that
+    differs is named, with both runs' commits and CPUs."""
+    monkeypatch.setattr(replay, "ROOT", tmp_path)
+    evals = [{"event": "eval", "t": t, "iterations": 10 * t, "bytes": 100 * t, "accuracy": 0.1 * t, "loss": 1 / (t + 1),
+              "value": 0.1 * t} for t in range(4)]
+
+    def run(name: str, events: list[dict], cpu: str) -> "pathlib.Path":
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [{"event": "start"}, *events]))
+        summary = {"time_to_target_s": 3.0, "final_accuracy": 0.3, "iterations": 30,
+                   "code": {"commit": "c" * 40, "dirty": False}, "machine": {"cpu": cpu}}
+        (folder / "summary.json").write_text(json.dumps(summary))
+        return folder
+
+    original = run("original", evals, "Intel Xeon")
+    same = replay.compare_runs(original, run("same", evals, "Intel Xeon"))
+    assert same["identical"] and same["first_difference"] is None and same["evaluations"] == [4, 4]
+    nudged = [*evals[:2], {**evals[2], "loss": evals[2]["loss"] + 1e-16}, evals[3]]
+    other = replay.compare_runs(original, run("other", nudged, "AMD EPYC"))
+    assert not other["identical"] and other["first_difference"] == 2
+    table = replay.markdown([same, other])
+    assert "| original | cccccccccc | Intel Xeon | cccccccccc | Intel Xeon | 4 | yes |" in table
+    assert "| original | cccccccccc | Intel Xeon | cccccccccc | AMD EPYC | 4 | no: from evaluation 2 |" in table
