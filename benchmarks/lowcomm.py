@@ -230,20 +230,25 @@ def _eval_spacing(run_dir: Path) -> float | None:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     except OSError:
         return None
-    moved = sorted({e["bytes"] for e in map(json.loads, (x for x in lines if '"eval"' in x)) if e["event"] == "eval"})
+    evals = (e for e in map(json.loads, (x for x in lines if '"eval"' in x)) if e["event"] == "eval")
+    moved = sorted({e["bytes"] for e in evals if not e.get("refined")})  # the regular cadence, not run.eval_refine's
     return statistics.median(b - a for a, b in zip(moved, moved[1:])) if len(moved) > 1 else None
 
 
 def _metric_at(run_dir: Path, limit: float, by: str = "t") -> float | None:
     """A run's metric at its last evaluation with ``by`` (``t``: virtual time; ``bytes``: bytes moved so far) at
-    most ``limit`` (None: no evaluation by then, or no event log)."""
+    most ``limit`` (None: no evaluation by then, or no event log). Last by ``by``, not by line: the refined
+    evaluations of run.eval_refine are written when the target is reached, after later regular ones."""
     try:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     except OSError:
         return None
     events = (json.loads(line) for line in lines if '"eval"' in line)
     evals = [e for e in events if e["event"] == "eval" and e.get(by, 0) <= limit]
-    return None if not evals else evals[-1].get("value", evals[-1].get("accuracy"))
+    if not evals:
+        return None
+    last = max(range(len(evals)), key=lambda k: (evals[k].get(by, 0), k))
+    return evals[last].get("value", evals[last].get("accuracy"))
 
 
 def _median_of(changes: list[float]) -> dict[str, Any]:

@@ -356,6 +356,9 @@ def test_sim_is_weighed_against_the_best_low_communication_scheme_at_matched_byt
             (tmp_path / seed["run_dir"]).mkdir(parents=True)
             (tmp_path / seed["run_dir"] / "metrics.jsonl").write_text("".join(
                 json.dumps({"event": "eval", "t": 0.1 * b, "bytes": b, "value": v}) + "\n" for b, v in curve))
+    for seed in rows["sim"]["seeds"]:  # run.eval_refine: an evaluation between two regular ones, written last
+        with open(tmp_path / seed["run_dir"] / "metrics.jsonl", "a") as events:
+            events.write(json.dumps({"event": "eval", "t": 4.0, "bytes": 40, "value": 7.0, "refined": True}) + "\n")
     matched = lowcomm.at_matched_bytes(tmp_path, rows["sim"], rows["low"])
     assert matched["budget_bytes"] == 151 and matched["mine_eval_every_bytes"] == 100
     assert matched["values"]["mine"]["per_seed"] == [5.0] * 3 and matched["values"]["base"]["per_seed"] == [2.9] * 3
