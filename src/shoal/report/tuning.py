@@ -116,21 +116,24 @@ def beyond_edge(values: Sequence[int | float], side: str, steps: int = 1,
     low, high = bounds
     if low is None and ordered[0] > 0:
         low = (0, False)
-    ratios = (ordered[1] / ordered[0], ordered[-1] / ordered[-2]) if ordered[0] > 0 else (0, 1)
-    geometric = len(ordered) >= 3 and math.isclose(*ratios)
+    geometric = len(ordered) >= 3 and ordered[0] > 0 and math.isclose(ordered[1] / ordered[0],
+                                                                      ordered[-1] / ordered[-2])
     integer = all(isinstance(v, int) for v in ordered)
     out: list[int | float] = []
-    x: int | float = end
+    last: int | float = end
     for _ in range(steps):
-        step = x * (end / inner) if geometric else x + (end - inner)
+        value = last * (end / inner) if geometric else last + (end - inner)
         for limit, below in ((low, True), (high, False)):
-            if limit is not None and (step <= limit[0] if below else step >= limit[0]):
-                step = limit[0] if limit[1] else (x + limit[0]) / 2
-        step = (math.ceil(step) if side == "smallest" else math.floor(step)) if integer else round(float(step), 12)
-        if step == x:
+            if limit is not None and (value <= limit[0] if below else value >= limit[0]):
+                value = limit[0] if limit[1] else (last + limit[0]) / 2
+        if integer:
+            value = math.ceil(value) if side == "smallest" else math.floor(value)
+        else:
+            value = round(float(value), 12)
+        if value == last:
             break
-        out.append(step)
-        x = step
+        out.append(value)
+        last = value
     return out
 
 
