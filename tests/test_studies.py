@@ -546,6 +546,12 @@ def test_a_replayed_run_is_compared_evaluation_for_evaluation(tmp_path, monkeypa
     nudged = [*evals[:2], {**evals[2], "loss": evals[2]["loss"] + 1e-16}, evals[3]]
     other = replay.compare_runs(original, run("other", nudged, "AMD EPYC"))
     assert not other["identical"] and other["first_difference"] == 2
-    table = replay.markdown([same, other])
-    assert "| original | cccccccccc | Intel Xeon | cccccccccc | Intel Xeon | 4 | yes |" in table
-    assert "| original | cccccccccc | Intel Xeon | cccccccccc | AMD EPYC | 4 | no: from evaluation 2 |" in table
+    assert other["same_schedule"] and other["largest_relative_difference"] == 0  # the loss moved, not the metric
+    moved = [*evals[:3], {**evals[3], "value": evals[3]["value"] * 1.001}]
+    third = replay.compare_runs(original, run("third", moved, "AMD EPYC"))
+    assert third["first_difference"] == 3 and abs(third["largest_relative_difference"] - 0.001) < 1e-12
+    table = replay.markdown([same, other, third])
+    assert "| original | cccccccccc | Intel Xeon | cccccccccc | Intel Xeon | 4 | yes | yes | 0 | 3.00 s / 3.00 s |" \
+        in table
+    assert "| original | cccccccccc | Intel Xeon | cccccccccc | AMD EPYC | 4 | no: from evaluation 3 | yes | 0.001 |" \
+        in table
