@@ -108,6 +108,7 @@ def study_lines(script: str, record: dict[str, Any]) -> list[str]:
                       "curve is there, as median time to target on the development seeds, the kept end first and "
                       "the next value in second (a small gap: a flat stretch, which a wider grid is unlikely to "
                       "move): " + edge_words(rows, compare.get("grids", {})) + "."]
+        lines += beyond_words(script, name)
     if answers := record.get("answers"):
         lines += [""] + (lowcomm.answer_lines(answers) if script == "lowcomm"
                          else balance.answer_lines(answers, compare["metric"]))
@@ -155,6 +156,25 @@ def edge_words(rows: list[dict[str, Any]], grids: dict[str, Any]) -> str:
             phrases.append(f"`{row['scheme']}` {m['key'].rsplit('.', 1)[-1]} {m['kept']}: {_seconds(m['kept_s'])} s, "
                            f"{m['next']}: {_seconds(m['next_s'])} s{gap}")
     return "; ".join(phrases)
+
+
+def beyond_words(script: str, name: str) -> list[str]:
+    """What one step past each kept end did on the development seeds (benchmarks/grid_edges.py), where that
+    check has run for the study's folder."""
+    folder = {"evidence": evidence.STUDIES, "balance": balance.STUDIES, "lowcomm": lowcomm.STUDIES}[script][name]
+    path = RESULTS / f"grid_edges-{folder['folder']}.json"
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text())["rows"]
+    phrases = [f"`{r['scheme']}` {r['key'].rsplit('.', 1)[-1]} {r['beyond']}: {_seconds(r['beyond_s'])} s"
+               + ("" if None in (r["beyond_s"], r["kept_s"]) else f", {_percent(r['beyond_s'] / r['kept_s'] - 1)}")
+               for r in rows]
+    moved = [r["scheme"] for r in rows if r["kept_would_move"]]
+    verdict = ("every kept value stands" if not moved else
+               f"would move on the development seeds: {', '.join(f'`{m}`' for m in moved)}")
+    return ["", f"One step past each kept end, on the same development seeds (`benchmarks/grid_edges.py "
+                f"{folder['folder']}`, [results](benchmarks/results/grid_edges-{folder['folder']}.md)): "
+                + "; ".join(phrases) + f". So {verdict}."]
 
 
 def _percent(change: float) -> str:

@@ -555,3 +555,13 @@ def test_a_replayed_run_is_compared_evaluation_for_evaluation(tmp_path, monkeypa
         in table
     assert "| original | cccccccccc | Intel Xeon | cccccccccc | AMD EPYC | 4 | no: from evaluation 3 | yes | 0.001 |" \
         in table
+
+
+def test_the_headline_says_what_one_step_past_each_kept_end_did(tmp_path, monkeypatch):
+    """From the committed grid-edge check of lm-1g (every kept value stood), and nothing for a study without one."""
+    words = headline.beyond_words("lowcomm", "lm-1g")
+    assert words[1].startswith("One step past each kept end, on the same development seeds (`benchmarks/grid_edges.py "
+                               "lowcomm-lm-1g`") and words[1].endswith(". So every kept value stands.")
+    assert "`diloco` outer_lr 0.1: 39.9 s, +66%" in words[1]
+    monkeypatch.setattr(headline, "RESULTS", tmp_path)
+    assert headline.beyond_words("lowcomm", "lm-1g") == []
