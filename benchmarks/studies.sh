@@ -31,8 +31,7 @@ PYTHON="${PYTHON:-$(pwd)/.venv/bin/python}"
 STUDIES=(
   "lowcomm.py lm-1g"                 # issue 40 again: Streaming DiLoCo now cuts tensors at equal fragment boundaries
   "lowcomm.py shapes-1g"             # issue 40 on the image workload
-  "grid_edges.py lowcomm-lm-1g"      # each kept grid end's next value out, on the development seeds
-  "grid_edges.py lowcomm-shapes-1g"
+  "grid_edges.py lowcomm-shapes-1g"  # each kept grid end's next value out, on the development seeds (lm-1g: done)
   "sim_signal.py shapes"             # issue 40: SIM's signal on the image workload (12 BSP runs that measure it)
   "balance.py shapes-tiers"          # issue 39 on the image workload: issue 38's six baselines + balanced BSP
   "evidence.py shapes-tiers-iid"     # issue 38 on the image workload (every run shared with the one above)
