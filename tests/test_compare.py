@@ -281,8 +281,12 @@ def test_parallel_jobs_give_the_same_rows_and_resume_runs_only_what_is_missing(t
     again = CliRunner().invoke(app, [*args, "--resume", "--out", str(tmp_path / "one")])
     assert again.exit_code == 0, again.output
     assert kept.stat().st_mtime_ns == before and seeds(tmp_path / "one") == seeds(tmp_path / "two")
+    old_summary = kept.read_text()
     changed = CliRunner().invoke(app, [*args, "--resume", "--set", "optimizer.lr=0.05", "--out", str(tmp_path / "one")])
     assert changed.exit_code == 0 and kept.stat().st_mtime_ns != before  # another config: every run again
+    aside = tmp_path / "one" / "bsp" / "seed-0.replaced-1"  # ... and none of the finished ones is lost
+    assert (aside / "summary.json").read_text() == old_summary and (aside / "metrics.jsonl").is_file()
+    assert json.loads((tmp_path / "one" / "compare.json").read_text())["rows"][0]["seeds"][0]["run_dir"] == "bsp/seed-0"
 
 
 @pytest.mark.slow

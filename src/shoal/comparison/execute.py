@@ -57,6 +57,9 @@ def execute(plan: list[PlannedRun], out: Path, progress: "RunsProgress", jobs: i
             summaries[i] = done
             progress.end(run, done, reused=True)
     todo = [i for i in range(len(plan)) if i not in summaries]
+    if resume:
+        for i in todo:
+            set_aside(out / plan[i].run_dir)
     if jobs <= 1:
         for i in todo:
             if stop_requested(out):
@@ -145,6 +148,23 @@ def _train_quietly(cfg: Config, run_dir: Path, out: Path) -> dict[str, Any] | No
         return train(cfg, run_dir, overwrite=True)
     finally:
         _RUNNING["now"] = False
+
+
+def set_aside(run_dir: Path) -> Path | None:
+    """Move a finished run that is to be run again under another config (``--resume`` after the plan changed:
+    another kept grid point, ``--widen``, other ``--set`` values) to ``RUN_DIR.replaced-N``, so that resuming
+    never deletes a finished run. A run cut short (no summary, or an unfinished one) is simply run again."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("stop_reason") in UNFINISHED:
+        return None
+    n = 1
+    while (target := run_dir.with_name(f"{run_dir.name}.replaced-{n}")).exists():
+        n += 1
+    run_dir.rename(target)
+    return target
 
 
 def finished_summary(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
