@@ -38,6 +38,7 @@ def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], proto
     schemes = {s.name: s for s in parsed}
     grids = {n: protocol.scheme_grid(schemes[n]) for n in names if n in schemes} if protocol.tune_seeds else {}
     first = plan[0].cfg
+    every_run = list(summaries) + [s for _, s in tuning]  # evaluation and development runs alike
     return {
         "command": command,
         "provenance": provenance(),
@@ -55,10 +56,9 @@ def build_compare(plan: list[PlannedRun], summaries: list[dict[str, Any]], proto
         "target_accuracy": first.run.target_accuracy,
         "max_time_s": first.run.max_time_s,
         "rows": add_significance(add_speedups(rows), {n for n, s in schemes.items() if s.baseline}),
-        "machines": machines(list(summaries) + [s for _, s in tuning]),
-        "commits": commits(list(summaries) + [s for _, s in tuning]),
-        "warnings": resolution_warnings(rows, first) + tuning_warnings(rows, grids) +
-        machine_warnings(list(summaries) + [s for _, s in tuning]),
+        "machines": machines(every_run),
+        "commits": commits(every_run),
+        "warnings": resolution_warnings(rows, first) + tuning_warnings(rows, grids) + machine_warnings(every_run),
     }
 
 
